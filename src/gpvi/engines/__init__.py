@@ -1,0 +1,15 @@
+"""Inference engines: each is ``run(objective, state, *, tol, max_iter, callback)`` →
+:class:`~gpvi.engines._common.EngineResult`, all maximising the same VLB.
+
+=============  ==================================================================
+``fpi``        incremental fixed point: Newton on m + FP on V per step (default)
+``fpb``        batch fixed point: Newton on m to convergence, then FP on V
+``gradient``   L-BFGS on (m, chol V) jointly
+=============  ==================================================================
+"""
+from . import fpb, fpi, gradient
+from ._common import EngineResult
+
+ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run}
+
+__all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient"]

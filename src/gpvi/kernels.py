@@ -1,0 +1,185 @@
+"""Covariance functions.
+
+A kernel is an immutable pytree (see :mod:`gpvi._module`).  Calling it on two input
+arrays ``X1`` of shape (N1, D) and ``X2`` of shape (N2, D) gives the (N1, N2) covariance
+matrix; :meth:`Kernel.diag` gives the (N,) diagonal without forming the matrix.  Kernels
+combine with ``+`` and ``*``.  Positive parameters (variances, lengthscales) are learned on
+the log scale.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ._module import Module, param
+
+__all__ = [
+    "Kernel", "RBF", "Matern12", "Matern32", "Matern52", "Linear", "Constant", "Sum", "Product",
+]
+
+
+def _as_2d(X):
+    X = jnp.asarray(X)
+    if X.ndim == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"kernel inputs must have shape (N, D), got shape {X.shape}")
+    return X
+
+
+class Kernel(Module):
+    """Base class: subclasses implement ``_K(X1, X2)`` and ``_diag(X)`` on 2-D inputs."""
+
+    def __call__(self, X1, X2=None):
+        """Covariance matrix ``k(X1, X2)``, shape (N1, N2); ``X2`` defaults to ``X1``."""
+        X1 = _as_2d(X1)
+        X2 = X1 if X2 is None else _as_2d(X2)
+        return self._K(X1, X2)
+
+    def diag(self, X):
+        """Diagonal ``k(x_i, x_i)`` of the covariance of ``X`` (N, D), shape (N,)."""
+        return self._diag(_as_2d(X))
+
+    def __add__(self, other):
+        return Sum(kernels=(self, other))
+
+    def __mul__(self, other):
+        return Product(kernels=(self, other))
+
+    def _K(self, X1, X2):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _diag(self, X):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class Stationary(Kernel):
+    """Shared code of kernels that depend on the scaled distance ``|x - x'| / lengthscale``.
+
+    ``lengthscale`` is a scalar (isotropic) or a length-D vector (ARD).
+    """
+
+    def _scaled_sqdist(self, X1, X2):
+        ls = jnp.asarray(self.lengthscale)
+        if ls.ndim == 1 and ls.shape[0] != X1.shape[1]:
+            raise ValueError(
+                f"lengthscale has {ls.shape[0]} entries but the inputs have {X1.shape[1]} columns"
+            )
+        A, B = X1 / ls, X2 / ls
+        # |a-b|^2 = |a|^2 + |b|^2 - 2ab, clipped at 0 against rounding.
+        d2 = jnp.sum(A**2, 1)[:, None] + jnp.sum(B**2, 1)[None, :] - 2.0 * A @ B.T
+        return jnp.maximum(d2, 0.0)
+
+    def _diag(self, X):
+        return jnp.full(X.shape[0], jnp.asarray(self.variance, dtype=X.dtype))
+
+    def _K(self, X1, X2):
+        return self.variance * self._profile(self._scaled_sqdist(X1, X2))
+
+
+def _safe_sqrt(d2):
+    # sqrt has an infinite derivative at 0; the kernels below are smooth in d2 there
+    # only after the exp, so guard the gradient with the double-where trick.
+    pos = d2 > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, d2, 1.0)), 0.0)
+
+
+class RBF(Stationary):
+    """Squared exponential ``s^2 exp(-|x-x'|^2 / (2 l^2))``; vector ``lengthscale`` gives ARD."""
+
+    variance: object = param("positive", 1.0)
+    lengthscale: object = param("positive", 1.0)
+
+    def _profile(self, d2):
+        return jnp.exp(-0.5 * d2)
+
+
+class Matern12(Stationary):
+    """Matérn ν=1/2 (exponential) kernel ``s^2 exp(-r)``, ``r = |x-x'|/l``."""
+
+    variance: object = param("positive", 1.0)
+    lengthscale: object = param("positive", 1.0)
+
+    def _profile(self, d2):
+        return jnp.exp(-_safe_sqrt(d2))
+
+
+class Matern32(Stationary):
+    """Matérn ν=3/2 kernel ``s^2 (1 + √3 r) exp(-√3 r)``."""
+
+    variance: object = param("positive", 1.0)
+    lengthscale: object = param("positive", 1.0)
+
+    def _profile(self, d2):
+        r = jnp.sqrt(3.0) * _safe_sqrt(d2)
+        return (1.0 + r) * jnp.exp(-r)
+
+
+class Matern52(Stationary):
+    """Matérn ν=5/2 kernel ``s^2 (1 + √5 r + 5 r²/3) exp(-√5 r)``."""
+
+    variance: object = param("positive", 1.0)
+    lengthscale: object = param("positive", 1.0)
+
+    def _profile(self, d2):
+        r = jnp.sqrt(5.0) * _safe_sqrt(d2)
+        return (1.0 + r + 5.0 * d2 / 3.0) * jnp.exp(-r)
+
+
+class Linear(Kernel):
+    """Linear (dot-product) kernel ``s^2 x·x'``."""
+
+    variance: object = param("positive", 1.0)
+
+    def _K(self, X1, X2):
+        return self.variance * (X1 @ X2.T)
+
+    def _diag(self, X):
+        return self.variance * jnp.sum(X**2, 1)
+
+
+class Constant(Kernel):
+    """Constant kernel ``s^2`` (a random offset shared by all points)."""
+
+    variance: object = param("positive", 1.0)
+
+    def _K(self, X1, X2):
+        return jnp.full((X1.shape[0], X2.shape[0]), self.variance, dtype=X1.dtype)
+
+    def _diag(self, X):
+        return jnp.full(X.shape[0], self.variance, dtype=X.dtype)
+
+
+class Sum(Kernel):
+    """Sum of kernels; built by ``k1 + k2``."""
+
+    kernels: tuple = ()
+
+    def _K(self, X1, X2):
+        return sum(k._K(X1, X2) for k in self.kernels)
+
+    def _diag(self, X):
+        return sum(k._diag(X) for k in self.kernels)
+
+    def __add__(self, other):
+        return Sum(kernels=self.kernels + (other,))
+
+
+class Product(Kernel):
+    """Elementwise product of kernels; built by ``k1 * k2``."""
+
+    kernels: tuple = ()
+
+    def _K(self, X1, X2):
+        out = self.kernels[0]._K(X1, X2)
+        for k in self.kernels[1:]:
+            out = out * k._K(X1, X2)
+        return out
+
+    def _diag(self, X):
+        out = self.kernels[0]._diag(X)
+        for k in self.kernels[1:]:
+            out = out * k._diag(X)
+        return out
+
+    def __mul__(self, other):
+        return Product(kernels=self.kernels + (other,))

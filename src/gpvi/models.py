@@ -1,0 +1,215 @@
+"""The extended latent Gaussian model behind every engine (DESIGN §1).
+
+A model maps inputs to the marginal of each latent value under ``q(w) = N(m, V)``:
+``m_i = a_i·m + b_i`` and ``v_i = c_i + a_iᵀ V a_i``.  All models are written in *whitened*
+coordinates, where the prior on ``w`` is ``N(0, I)``:
+
+=============  =====================  =====================  ==========================
+model          ``w``                  ``a_i``                ``b_i``, ``c_i``
+=============  =====================  =====================  ==========================
+``GLM``        ``weights / σ_p``      ``σ_p h_i``            ``0``, ``0``
+``GP``         ``L⁻¹(f − μ)``         row i of ``L = chol K``  ``μ``, ``0``
+``SparseGP``   ``L_M⁻¹(u − μ)``       ``L_M⁻¹ k(Z, x_i)``     ``μ``, ``k_ii − |a_i|²``
+=============  =====================  =====================  ==========================
+
+Whitening does not change the fixed-point or Newton iterates (both are invariant under an
+invertible linear change of ``w``) but it makes the KL term trivial and the linear algebra
+better conditioned.  The model layer knows nothing of engines: it only provides
+:meth:`Model.prior_cache` (work done once per hyperparameter setting, e.g. ``chol K_MM``)
+and :meth:`Model.project` (a_i, b_i, c_i for a chunk of rows).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+
+from ._module import Module, param, static
+from .kernels import Kernel
+from .likelihoods import Likelihood
+
+__all__ = ["Model", "GLM", "GP", "SparseGP", "cholesky", "kl_standard_normal"]
+
+_MAX_JITTER_TRIES = 8
+
+
+def cholesky(K, jitter):
+    """Lower Cholesky factor of ``K + j·s·I`` with ``s`` the mean diagonal of K.
+
+    ``j`` starts at ``jitter`` and grows tenfold until the factorisation succeeds (at most
+    8 tries).  The jitter is chosen on ``stop_gradient(K)`` so the result stays
+    differentiable in ``K``.  A factor that still fails contains NaNs; callers turn that
+    into an error that names the matrix (see :func:`gpvi.fit`).
+    """
+    n = K.shape[0]
+    eye = jnp.eye(n, dtype=K.dtype)
+    Ks = jax.lax.stop_gradient(K)
+    scale = jnp.maximum(jnp.mean(jnp.diag(Ks)), jnp.finfo(K.dtype).tiny)
+
+    def bad(j):
+        return ~jnp.all(jnp.isfinite(jnp.linalg.cholesky(Ks + j * scale * eye)))
+
+    def body(carry):
+        j, k = carry
+        return j * 10.0, k + 1
+
+    j, _ = jax.lax.while_loop(
+        lambda c: bad(c[0]) & (c[1] < _MAX_JITTER_TRIES), body, (jnp.asarray(jitter, K.dtype), 0)
+    )
+    return jnp.linalg.cholesky(K + jax.lax.stop_gradient(j * scale) * eye)
+
+
+def kl_standard_normal(m, L):
+    """``KL(N(m, L Lᵀ) || N(0, I))`` for lower-triangular ``L`` with positive diagonal."""
+    d = m.shape[0]
+    return 0.5 * (jnp.sum(L**2) + m @ m - d) - jnp.sum(jnp.log(jnp.abs(jnp.diag(L))))
+
+
+def _check_X(X, name="X"):
+    X = np.asarray(X)
+    if X.ndim == 1:
+        X = X[:, None]
+    if X.ndim != 2:
+        raise ValueError(f"{name} must be a 2-D array of shape (N, D), got shape {X.shape}")
+    if X.shape[0] == 0:
+        raise ValueError(f"{name} is empty: at least one row is needed")
+    if X.dtype == object or not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
+        raise ValueError(f"{name} must be numeric, got dtype {X.dtype}")
+    X = X.astype(np.float64)
+    if not np.all(np.isfinite(X)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return X
+
+
+class Model(Module):
+    """Base class: a likelihood plus a linear-Gaussian map from ``w`` to the latents."""
+
+    def initialise(self, X, y=None, *, seed: int = 0) -> "Model":
+        """Return a copy made concrete for data ``X`` (e.g. k-means inducing inputs)."""
+        return self
+
+    def num_weights(self, X) -> int:
+        """Dimension ``d`` of ``w`` for training inputs ``X``."""
+        raise NotImplementedError
+
+    def input_dim(self) -> int | None:
+        """Number of input columns the model expects (None when not yet fixed)."""
+        return None
+
+    def prior_cache(self, X):
+        """Per-hyperparameter work shared by all chunks (pytree)."""
+        raise NotImplementedError
+
+    def project(self, cache, Xc):
+        """``(A, b, c)`` for a chunk ``Xc`` of shape (n, D): A (n, d), b (n,), c (n,)."""
+        raise NotImplementedError
+
+
+class GLM(Model):
+    """Bayesian generalised linear model ``f_i = h_i·w``, ``w ~ N(0, prior_variance·I)``.
+
+    Add a column of ones to ``X`` for an intercept.
+    """
+
+    likelihood: Likelihood = None
+    prior_variance: object = param("positive", 1.0)
+
+    def num_weights(self, X):
+        return int(np.shape(X)[1])
+
+    def prior_cache(self, X):
+        return jnp.sqrt(jnp.asarray(self.prior_variance))
+
+    def project(self, cache, Xc):
+        A = Xc * cache
+        z = jnp.zeros(Xc.shape[0], Xc.dtype)
+        return A, z, z
+
+
+class SparseGP(Model):
+    """Sparse (inducing-point) GP of Titsias (2009) / Sheth et al. (2015), whitened.
+
+    ``inducing`` is an (M, D) array of inducing inputs, used exactly as given, or an int M,
+    in which case :meth:`initialise` places them at k-means centres of the training inputs
+    (fitted on at most 100 000 rows).  ``mean`` is a constant prior mean (learnable).
+    ``learn_inducing`` is handled by :func:`gpvi.fit`.
+    """
+
+    kernel: Kernel = None
+    likelihood: Likelihood = None
+    inducing: object = param("real", None)
+    mean: object = param("real", 0.0)
+    jitter: float = static(1e-8)
+
+    def initialise(self, X, y=None, *, seed: int = 0):
+        X = _check_X(X)
+        Z = self.inducing
+        if Z is None:
+            raise ValueError("inducing must be an (M, D) array or a positive int M")
+        if np.ndim(Z) == 0:
+            M = int(Z)
+            if M < 1 or M != Z:
+                raise ValueError(f"inducing must be a positive int or an (M, D) array, got {Z!r}")
+            if M > X.shape[0]:
+                raise ValueError(f"inducing: M = {M} inducing inputs but only N = {X.shape[0]} data rows (need M ≤ N)")
+            Z = _kmeans(X, M, seed)
+            return self.replace(inducing=jnp.asarray(Z))
+        Z = _check_X(Z, "inducing")
+        if Z.shape[1] != X.shape[1]:
+            raise ValueError(f"inducing has {Z.shape[1]} columns but X has {X.shape[1]}")
+        if Z.shape[0] > X.shape[0]:
+            raise ValueError(f"inducing: M = {Z.shape[0]} inducing inputs but only N = {X.shape[0]} data rows (need M ≤ N)")
+        return self.replace(inducing=jnp.asarray(Z))
+
+    def num_weights(self, X):
+        return int(np.shape(self.inducing)[0])
+
+    def input_dim(self):
+        return None if np.ndim(self.inducing) < 2 else int(np.shape(self.inducing)[1])
+
+    def prior_cache(self, X):
+        Z = jnp.asarray(self.inducing)
+        return cholesky(self.kernel(Z, Z), self.jitter)
+
+    def project(self, cache, Xc):
+        Kzx = self.kernel(jnp.asarray(self.inducing), Xc)
+        A = solve_triangular(cache, Kzx, lower=True).T
+        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(A**2, 1), 0.0)
+        return A, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+
+
+class GP(Model):
+    """Full GP, ``f ~ N(mean, K(X, X))``, whitened by ``L = chol K``; O(N³) per fit."""
+
+    kernel: Kernel = None
+    likelihood: Likelihood = None
+    mean: object = param("real", 0.0)
+    jitter: float = static(1e-8)
+
+    def num_weights(self, X):
+        return int(np.shape(X)[0])
+
+    def prior_cache(self, X):
+        return X, cholesky(self.kernel(X, X), self.jitter)
+
+    def project(self, cache, Xc):
+        X, L = cache
+        A = solve_triangular(L, self.kernel(X, Xc), lower=True).T
+        # On training rows c_i is 0 up to the jitter; elsewhere it is the conditional variance.
+        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(A**2, 1), 0.0)
+        return A, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+
+
+def _kmeans(X, M, seed):
+    from sklearn.cluster import KMeans
+
+    rng = np.random.default_rng(seed)
+    sub = X if X.shape[0] <= 100_000 else X[rng.choice(X.shape[0], 100_000, replace=False)]
+    uniq = np.unique(sub, axis=0)
+    if uniq.shape[0] < M:
+        raise ValueError(
+            f"inducing: asked for M = {M} k-means centres but X has only {uniq.shape[0]} distinct rows"
+        )
+    km = KMeans(n_clusters=M, n_init=1, max_iter=100, random_state=seed).fit(sub)
+    return km.cluster_centers_

@@ -1,0 +1,218 @@
+"""The variational lower bound and its data sums, taken in chunks of rows.
+
+Everything an engine needs from the data is three sums over observations
+(DESIGN §1): ``Σ E_i`` (scalar), ``Σ ρ_i a_i`` (vector) and ``Σ λ_i a_i a_iᵀ`` (matrix).
+:class:`Objective` computes them with a ``lax.scan`` over fixed-size chunks of rows, so the
+working memory is O(chunk·d + d²) whatever N is.  When the projections ``a_i`` of all rows fit
+in ``cache_bytes`` they are computed once and kept, which saves the kernel evaluation and the
+triangular solve in every later pass; otherwise they are recomputed chunk by chunk.
+
+The variational state is ``State(mean, chol)`` with ``V = chol cholᵀ`` in the whitened
+coordinates of :mod:`gpvi.models` (prior ``N(0, I)``).
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .models import Model, kl_standard_normal
+
+__all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state"]
+
+DEFAULT_CHUNK = 4096
+DEFAULT_CACHE_BYTES = 512 * 2**20
+
+
+class State(NamedTuple):
+    """Variational parameters: ``q(w) = N(mean, chol cholᵀ)``; shapes (d,) and (d, d)."""
+
+    mean: jax.Array
+    chol: jax.Array
+
+
+class Sums(NamedTuple):
+    """The VLB and the data sums at one state.
+
+    ``grad = Σ ρ_i a_i − m`` is ∂VLB/∂m; ``S = Σ λ_i a_i a_iᵀ``, so that
+    ``∂VLB/∂V = (S + V⁻¹ − I)/2``; ``S_pos = Σ max(λ_i, 0) a_i a_iᵀ`` (zero for
+    log-concave likelihoods), so ``S − S_pos`` is the clipped (γ ≥ 0) version.
+    """
+
+    vlb: jax.Array
+    grad: jax.Array
+    S: jax.Array
+    S_pos: jax.Array
+
+
+class Chunks(NamedTuple):
+    """Rows split into equal chunks, padded; ``mask`` is 1 on real rows, 0 on padding."""
+
+    X: jax.Array  # (C, n, D)
+    y: jax.Array  # (C, n)
+    offset: jax.Array  # (C, n)
+    mask: jax.Array  # (C, n)
+
+
+def prior_state(d: int) -> State:
+    """The prior ``N(0, I)`` as a state (the default starting point)."""
+    return State(jnp.zeros(d), jnp.eye(d))
+
+
+def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK) -> Chunks:
+    """Split (N, D) inputs and (N,) targets/offsets into padded (C, n, ·) chunks."""
+    X = np.asarray(X, dtype=np.float64)
+    N = X.shape[0]
+    n = int(max(1, min(chunk_size, N)))
+    C = -(-N // n)
+    pad = C * n - N
+    y = np.zeros(N) if y is None else np.asarray(y, dtype=np.float64)
+    offset = np.zeros(N) if offset is None else np.asarray(offset, dtype=np.float64)
+
+    def padded(a):
+        if pad:
+            # Pad with copies of the first row so padded terms stay finite; the mask drops them.
+            a = np.concatenate([a, np.repeat(a[:1], pad, axis=0)], axis=0)
+        return a.reshape((C, n) + a.shape[1:])
+
+    mask = np.concatenate([np.ones(N), np.zeros(pad)])
+    return Chunks(jnp.asarray(padded(X)), jnp.asarray(padded(y)), jnp.asarray(padded(offset)),
+                  jnp.asarray(mask.reshape(C, n)))
+
+
+def _marginals(A, b, c, off, state):
+    """Means and variances of the latents of one chunk under q."""
+    AL = A @ state.chol
+    return A @ state.mean + b + off, c + jnp.sum(AL**2, axis=1)
+
+
+@partial(jax.jit, static_argnames=("cached", "want_hessian"))
+def _sums(model, prior, chunks, proj, state, cached, want_hessian):
+    """``(Σ E_i, Σ ρ_i a_i, Σ λ_i a_i a_iᵀ)`` over all chunks."""
+    lik = model.likelihood
+    d = state.mean.shape[0]
+
+    def body(carry, xs):
+        sE, g, S, Sp = carry
+        ch, pr = xs
+        A, b, c = pr if cached else model.project(prior, ch.X)
+        m, v = _marginals(A, b, c, ch.offset, state)
+        E, rho, lam = lik.variational_moments(ch.y, m, v)
+        keep = ch.mask > 0
+        E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
+        sE = sE + jnp.sum(E)
+        g = g + A.T @ rho
+        if want_hessian:
+            S = S + (A * lam[:, None]).T @ A
+            # Σ max(λ_i, 0) a_i a_iᵀ: only non-log-concave likelihoods (Student-t) have λ > 0,
+            # so the extra product runs only in chunks that need it.
+            pos = jnp.maximum(lam, 0.0)
+            Sp = Sp + jax.lax.cond(jnp.any(pos > 0), lambda: (A * pos[:, None]).T @ A,
+                                   lambda: jnp.zeros_like(Sp))
+        return (sE, g, S, Sp), None
+
+    shape = (d, d) if want_hessian else (0, 0)
+    init = (jnp.zeros(()), jnp.zeros(d), jnp.zeros(shape), jnp.zeros(shape))
+    (sE, g, S, Sp), _ = jax.lax.scan(body, init, (chunks, proj))
+    return sE, g, S, Sp
+
+
+@jax.jit
+def _prior_cache(model, X):
+    return model.prior_cache(X)
+
+
+@jax.jit
+def _project_all(model, prior, X):
+    return jax.lax.map(lambda Xc: model.project(prior, Xc), X)
+
+
+@partial(jax.jit, static_argnames=("cached",))
+def _expected(model, prior, chunks, proj, state, cached):
+    """``Σ E_i`` only (no derivatives), for VLB evaluations."""
+    lik = model.likelihood
+
+    def body(sE, xs):
+        ch, pr = xs
+        A, b, c = pr if cached else model.project(prior, ch.X)
+        m, v = _marginals(A, b, c, ch.offset, state)
+        E = lik.expected_log_prob(ch.y, m, v)
+        return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
+
+    sE, _ = jax.lax.scan(body, jnp.zeros(()), (chunks, proj))
+    return sE
+
+
+class Objective:
+    """The VLB of ``model`` on data ``(X, y)``, and the sums the engines need.
+
+    Parameters
+    ----------
+    model : Model
+        A concrete model (see :meth:`gpvi.models.Model.initialise`).
+    X : (N, D) array; y : (N,) array in the likelihood's internal coding;
+    offset : (N,) array or None, added to every latent (``log`` exposure for counts).
+    chunk_size : rows per chunk of the data sums.
+    cache_bytes : keep all projections ``a_i`` in memory when they take at most this much.
+    """
+
+    def __init__(self, model: Model, X, y, offset=None, *, chunk_size=DEFAULT_CHUNK,
+                 cache_bytes=DEFAULT_CACHE_BYTES):
+        self.model = model
+        self.X = jnp.asarray(X, dtype=jnp.float64)
+        self.num_data = int(self.X.shape[0])
+        self.chunks = make_chunks(X, y, offset, chunk_size)
+        self.dim = model.num_weights(X)
+        self.prior = _prior_cache(model, self.X)
+        C, n = self.chunks.mask.shape
+        self.cached = C * n * (self.dim + 2) * 8 <= cache_bytes
+        if self.cached:
+            self.proj = _project_all(model, self.prior, self.chunks.X)
+        else:
+            self.proj = jnp.zeros((C, 0))
+        self.num_evaluations = 0
+
+    # -- the three sums ------------------------------------------------------------------
+    def sums(self, state: State, want_hessian: bool = True) -> "Sums":
+        """The VLB with its derivatives at ``state`` (see :class:`Sums`)."""
+        self.num_evaluations += 1
+        sE, g, S, Sp = _sums(self.model, self.prior, self.chunks, self.proj, state, self.cached, want_hessian)
+        return Sums(sE - kl_standard_normal(state.mean, state.chol), g - state.mean, S, Sp)
+
+    def vlb(self, state: State):
+        """The variational lower bound in nats, summed over the data."""
+        self.num_evaluations += 1
+        sE = _expected(self.model, self.prior, self.chunks, self.proj, state, self.cached)
+        return sE - kl_standard_normal(state.mean, state.chol)
+
+    def check_prior(self):
+        """Raise a clear error when the prior covariance could not be factorised."""
+        leaves = jax.tree_util.tree_leaves(self.prior)
+        if not all(bool(jnp.all(jnp.isfinite(x))) for x in leaves):
+            name = "K(Z, Z) of the inducing inputs" if type(self.model).__name__ == "SparseGP" else "K(X, X)"
+            raise np.linalg.LinAlgError(
+                f"Cholesky of {name} failed even with jitter up to {self.model.jitter * 10**7:g}×mean diagonal; "
+                "remove duplicate inducing inputs, shorten the lengthscale or raise the model's jitter"
+            )
+
+
+def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State):
+    """VLB recomputed from scratch for ``model`` (differentiable in its parameters).
+
+    Each chunk is rematerialised in the backward pass (``jax.checkpoint``), so the
+    gradient takes O(chunk·d + d²) memory like the forward pass.
+    """
+    prior = model.prior_cache(X)
+    lik = model.likelihood
+
+    @jax.checkpoint
+    def chunk_E(ch):
+        A, b, c = model.project(prior, ch.X)
+        m, v = _marginals(A, b, c, ch.offset, state)
+        return jnp.sum(jnp.where(ch.mask > 0, lik.expected_log_prob(ch.y, m, v), 0.0))
+
+    sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
+    return sE - kl_standard_normal(state.mean, state.chol)
