@@ -102,7 +102,9 @@ class Model(Module):
         raise NotImplementedError
 
     def project(self, cache, Xc):
-        """``(A, b, c)`` for a chunk ``Xc`` of shape (n, D): A (n, d), b (n,), c (n,)."""
+        """``(At, b, c)`` for a chunk ``Xc`` of shape (n, D): ``At`` (d, n) holds the a_i as
+        *columns* (the layout that makes the two O(n·d²) products of a pass fastest on
+        XLA:CPU), b (n,), c (n,)."""
         raise NotImplementedError
 
 
@@ -122,9 +124,8 @@ class GLM(Model):
         return jnp.sqrt(jnp.asarray(self.prior_variance))
 
     def project(self, cache, Xc):
-        A = Xc * cache
         z = jnp.zeros(Xc.shape[0], Xc.dtype)
-        return A, z, z
+        return Xc.T * cache, z, z
 
 
 class SparseGP(Model):
@@ -174,9 +175,9 @@ class SparseGP(Model):
 
     def project(self, cache, Xc):
         Kzx = self.kernel(jnp.asarray(self.inducing), Xc)
-        A = solve_triangular(cache, Kzx, lower=True).T
-        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(A**2, 1), 0.0)
-        return A, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+        At = solve_triangular(cache, Kzx, lower=True)
+        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
+        return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
 
 
 class GP(Model):
@@ -195,10 +196,10 @@ class GP(Model):
 
     def project(self, cache, Xc):
         X, L = cache
-        A = solve_triangular(L, self.kernel(X, Xc), lower=True).T
+        At = solve_triangular(L, self.kernel(X, Xc), lower=True)
         # On training rows c_i is 0 up to the jitter; elsewhere it is the conditional variance.
-        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(A**2, 1), 0.0)
-        return A, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
+        return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
 
 
 def _kmeans(X, M, seed):

@@ -23,7 +23,7 @@ from .models import Model, kl_standard_normal
 
 __all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state"]
 
-DEFAULT_CHUNK = 4096
+DEFAULT_CHUNK = 2048
 DEFAULT_CACHE_BYTES = 512 * 2**20
 
 
@@ -37,15 +37,14 @@ class State(NamedTuple):
 class Sums(NamedTuple):
     """The VLB and the data sums at one state.
 
-    ``grad = Σ ρ_i a_i − m`` is ∂VLB/∂m; ``S = Σ λ_i a_i a_iᵀ``, so that
-    ``∂VLB/∂V = (S + V⁻¹ − I)/2``; ``S_pos = Σ max(λ_i, 0) a_i a_iᵀ`` (zero for
-    log-concave likelihoods), so ``S − S_pos`` is the clipped (γ ≥ 0) version.
+    ``grad = Σ ρ_i a_i − m`` is ∂VLB/∂m and ``S = Σ λ_i a_i a_iᵀ``, so that
+    ``∂VLB/∂V = (S + V⁻¹ − I)/2``.  With ``clip_gamma`` the matrix is instead
+    ``Σ min(λ_i, 0) a_i a_iᵀ`` (γ = −λ clipped at 0, for non-log-concave likelihoods).
     """
 
     vlb: jax.Array
     grad: jax.Array
     S: jax.Array
-    S_pos: jax.Array
 
 
 class Chunks(NamedTuple):
@@ -83,41 +82,36 @@ def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK) -> Chun
                   jnp.asarray(mask.reshape(C, n)))
 
 
-def _marginals(A, b, c, off, state):
-    """Means and variances of the latents of one chunk under q."""
-    AL = A @ state.chol
-    return A @ state.mean + b + off, c + jnp.sum(AL**2, axis=1)
+def _marginals(At, b, c, off, state, V):
+    """Means and variances of the latents of one chunk under q (``V = chol cholᵀ``)."""
+    return state.mean @ At + b + off, c + jnp.sum((V @ At) * At, axis=0)
 
 
-@partial(jax.jit, static_argnames=("cached", "want_hessian"))
-def _sums(model, prior, chunks, proj, state, cached, want_hessian):
+@partial(jax.jit, static_argnames=("cached", "want_hessian", "clip_gamma"))
+def _sums(model, prior, chunks, proj, state, cached, want_hessian, clip_gamma=False):
     """``(Σ E_i, Σ ρ_i a_i, Σ λ_i a_i a_iᵀ)`` over all chunks."""
     lik = model.likelihood
     d = state.mean.shape[0]
+    V = state.chol @ state.chol.T
 
     def body(carry, xs):
-        sE, g, S, Sp = carry
+        sE, g, S = carry
         ch, pr = xs
-        A, b, c = pr if cached else model.project(prior, ch.X)
-        m, v = _marginals(A, b, c, ch.offset, state)
+        At, b, c = pr if cached else model.project(prior, ch.X)
+        m, v = _marginals(At, b, c, ch.offset, state, V)
         E, rho, lam = lik.variational_moments(ch.y, m, v)
         keep = ch.mask > 0
         E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
         sE = sE + jnp.sum(E)
-        g = g + A.T @ rho
+        g = g + At @ rho
         if want_hessian:
-            S = S + (A * lam[:, None]).T @ A
-            # Σ max(λ_i, 0) a_i a_iᵀ: only non-log-concave likelihoods (Student-t) have λ > 0,
-            # so the extra product runs only in chunks that need it.
-            pos = jnp.maximum(lam, 0.0)
-            Sp = Sp + jax.lax.cond(jnp.any(pos > 0), lambda: (A * pos[:, None]).T @ A,
-                                   lambda: jnp.zeros_like(Sp))
-        return (sE, g, S, Sp), None
+            w = jnp.minimum(lam, 0.0) if clip_gamma else lam
+            S = S + (At * w) @ At.T
+        return (sE, g, S), None
 
-    shape = (d, d) if want_hessian else (0, 0)
-    init = (jnp.zeros(()), jnp.zeros(d), jnp.zeros(shape), jnp.zeros(shape))
-    (sE, g, S, Sp), _ = jax.lax.scan(body, init, (chunks, proj))
-    return sE, g, S, Sp
+    init = (jnp.zeros(()), jnp.zeros(d), jnp.zeros((d, d) if want_hessian else (0, 0)))
+    (sE, g, S), _ = jax.lax.scan(body, init, (chunks, proj))
+    return sE, g, S
 
 
 @jax.jit
@@ -134,11 +128,12 @@ def _project_all(model, prior, X):
 def _expected(model, prior, chunks, proj, state, cached):
     """``Σ E_i`` only (no derivatives), for VLB evaluations."""
     lik = model.likelihood
+    V = state.chol @ state.chol.T
 
     def body(sE, xs):
         ch, pr = xs
-        A, b, c = pr if cached else model.project(prior, ch.X)
-        m, v = _marginals(A, b, c, ch.offset, state)
+        At, b, c = pr if cached else model.project(prior, ch.X)
+        m, v = _marginals(At, b, c, ch.offset, state, V)
         E = lik.expected_log_prob(ch.y, m, v)
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
 
@@ -176,11 +171,12 @@ class Objective:
         self.num_evaluations = 0
 
     # -- the three sums ------------------------------------------------------------------
-    def sums(self, state: State, want_hessian: bool = True) -> "Sums":
+    def sums(self, state: State, want_hessian: bool = True, clip_gamma: bool = False) -> Sums:
         """The VLB with its derivatives at ``state`` (see :class:`Sums`)."""
         self.num_evaluations += 1
-        sE, g, S, Sp = _sums(self.model, self.prior, self.chunks, self.proj, state, self.cached, want_hessian)
-        return Sums(sE - kl_standard_normal(state.mean, state.chol), g - state.mean, S, Sp)
+        sE, g, S = _sums(self.model, self.prior, self.chunks, self.proj, state, self.cached,
+                         want_hessian, clip_gamma)
+        return Sums(sE - kl_standard_normal(state.mean, state.chol), g - state.mean, S)
 
     def vlb(self, state: State):
         """The variational lower bound in nats, summed over the data."""
@@ -207,11 +203,12 @@ def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State):
     """
     prior = model.prior_cache(X)
     lik = model.likelihood
+    V = state.chol @ state.chol.T
 
     @jax.checkpoint
     def chunk_E(ch):
-        A, b, c = model.project(prior, ch.X)
-        m, v = _marginals(A, b, c, ch.offset, state)
+        At, b, c = model.project(prior, ch.X)
+        m, v = _marginals(At, b, c, ch.offset, state, V)
         return jnp.sum(jnp.where(ch.mask > 0, lik.expected_log_prob(ch.y, m, v), 0.0))
 
     sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)

@@ -12,16 +12,17 @@ __all__ = ["latent_moments"]
 
 @jax.jit
 def _moments(model, prior, state, X, offset):
+    V = state.chol @ state.chol.T
+
     def one(args):
         Xc, oc = args
-        A, b, c = model.project(prior, Xc)
-        AL = A @ state.chol
-        return A @ state.mean + b + oc, c + jnp.sum(AL**2, 1)
+        At, b, c = model.project(prior, Xc)
+        return state.mean @ At + b + oc, c + jnp.sum((V @ At) * At, 0)
 
     return jax.lax.map(one, (X, offset))
 
 
-def latent_moments(model, prior, state: State, X, offset=None, chunk_size: int = 4096):
+def latent_moments(model, prior, state: State, X, offset=None, chunk_size: int = 2048):
     """Mean and variance (each (N,)) of the latent ``f(X)`` under the variational posterior."""
     X = np.asarray(X, dtype=np.float64)
     N = X.shape[0]

@@ -63,52 +63,56 @@ def _spd_chol(H):
     return jnp.linalg.cholesky(0.5 * (H + H.T))
 
 
-def _precision_target(sums: Sums):
-    """``I − S``, the FP target precision; where it is not positive definite (γ_i < 0 for a
-    non-log-concave likelihood far from the optimum) fall back to the γ-clipped
-    ``I − (S − S_pos)`` (Sheth & Khardon 2016, §5: clip γ at 0).  At the optimum
-    ``I − S = V⁻¹`` is positive definite, so the fixed point is unchanged."""
-    d = sums.grad.shape[0]
-    eye = jnp.eye(d, dtype=sums.grad.dtype)
-    H = eye - sums.S
-    R = _spd_chol(H)
-    ok = jnp.all(jnp.isfinite(R))
-    Hc = eye - (sums.S - sums.S_pos)
-    Rc = _spd_chol(Hc)
-    return jnp.where(ok, H, Hc), jnp.where(ok, R, Rc), ~ok
+@jax.jit
+def precision_chol(S):
+    """Cholesky factor of ``H = I − S``, the fixed-point target precision (NaN if H is not
+    positive definite)."""
+    return _spd_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
 
 
 @partial(jax.jit, static_argnames=("update_mean", "update_cov"))
-def natural_step(state: State, sums: Sums, alpha, update_mean=True, update_cov=True):
+def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=True):
     """One natural-gradient step of size ``alpha`` on ``q(w) = N(m, V)``.
 
-    With ``H = I − Σλ_i a_i a_iᵀ`` (one Cholesky serves both updates):
+    With ``H = RH RHᵀ = I − Σλ_i a_i a_iᵀ`` (one Cholesky serves both updates):
     ``Λ' = (1 − α) V⁻¹ + α H`` and ``m' = m + α Λ'⁻¹ ∇_m VLB``.  At ``α = 1`` this is exactly the
     fixed-point update ``V ← H⁻¹`` with a Newton step on the mean (Sheth & Khardon 2016,
-    Eq. 8; DESIGN §2), the FPi step.  Only the mean (Newton) or only the covariance (FP)
-    can be updated with the flags.  Returns the new state and whether γ was clipped.
+    Eq. 8; DESIGN §2), the FPi step.  The flags restrict the step to the mean (Newton with
+    V fixed) or to the covariance (FP with m fixed).
     """
     d = state.mean.shape[0]
     eye = jnp.eye(d, dtype=state.mean.dtype)
-    H, RH, clipped = _precision_target(sums)
     if update_cov:
-        # Λ' = (1−α)V⁻¹ + αH; at α = 1 this skips forming V⁻¹.
-        Linv = solve_triangular(state.chol, eye, lower=True)
-        Lam = jnp.where(alpha < 1.0, (1.0 - alpha) * (Linv.T @ Linv) + alpha * H, H)
-        R = jnp.where(alpha < 1.0, _spd_chol(Lam), RH)
+        def damped():
+            # Λ' = (1−α)V⁻¹ + αH, formed from the factors of V and H.
+            Linv = solve_triangular(state.chol, eye, lower=True)
+            return _spd_chol((1.0 - alpha) * (Linv.T @ Linv) + alpha * (RH @ RH.T))
+
+        R = jax.lax.cond(alpha < 1.0, damped, lambda: RH)
     else:
         R = RH
-    mean = state.mean + alpha * cho_solve((R, True), sums.grad) if update_mean else state.mean
+    mean = state.mean + alpha * cho_solve((R, True), grad) if update_mean else state.mean
     if update_cov:
         Rinv = solve_triangular(R, eye, lower=True)
         chol = _spd_chol(Rinv.T @ Rinv)  # V' = Λ'⁻¹; an M×M step, not in the O(N·M²) path
     else:
         chol = state.chol
-    return State(mean, chol), clipped
+    return State(mean, chol)
+
+
+@jax.jit
+def _finite(x):
+    return jnp.all(jnp.isfinite(x))
+
+
+@jax.jit
+def _distance(a: State, b: State):
+    return jnp.linalg.norm(a.mean - b.mean) + jnp.linalg.norm(a.chol - b.chol)
 
 
 def state_distance(a: State, b: State) -> float:
-    return float(jnp.linalg.norm(a.mean - b.mean) + jnp.linalg.norm(a.chol @ a.chol.T - b.chol @ b.chol.T))
+    """A cheap distance between states (means and covariance factors)."""
+    return float(_distance(a, b))
 
 
 class SafeguardedAscent:
@@ -134,12 +138,19 @@ class SafeguardedAscent:
         """Return ``(new_state, new_sums, alpha_used)`` or ``None`` if no ascent step exists."""
         alpha = self.alpha
         slack = 1e-13 * max(1.0, abs(float(sums.vlb)))
+        RH = precision_chol(sums.S)
+        if not bool(_finite(RH)):
+            # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not
+            # log-concave, e.g. Student-t, far from the optimum).  Use γ clipped at 0
+            # (Sheth & Khardon 2016, §5) for this step; at the optimum I − S = V⁻¹ is
+            # positive definite, so the fixed point itself is unchanged.
+            self.clipped += 1
+            RH = precision_chol(self.objective.sums(state, clip_gamma=True).S)
         for _ in range(self.max_halvings + 1):
-            prop, clipped = natural_step(state, sums, alpha, update_mean, update_cov)
+            prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov)
             new = self.objective.sums(prop)
             v = float(new.vlb)
-            if np.isfinite(v) and v >= float(sums.vlb) - slack and bool(jnp.all(jnp.isfinite(prop.chol))):
-                self.clipped += int(clipped)
+            if np.isfinite(v) and v >= float(sums.vlb) - slack and bool(_finite(prop.chol)):
                 self._cycle_check(prop, state)
                 used = alpha
                 self.alpha = min(1.0, 2.0 * self.alpha) if alpha == self.alpha else self.alpha
