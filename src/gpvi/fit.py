@@ -19,7 +19,7 @@ import scipy.optimize
 
 from ._module import flatten_params, unflatten_params
 from .engines import ENGINES, EngineResult
-from .likelihoods import Bernoulli, Ordinal
+from .likelihoods import Bernoulli, Ordinal, _as_array, _is_real_dtype
 from .models import Model, SparseGP, _check_X
 from .objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Objective, State, make_chunks, prior_state, \
     vlb_in_hyperparameters
@@ -57,11 +57,14 @@ class FitResult:
     seconds: float = 0.0
     prior: object = dataclasses.field(default=None, repr=False)
     chunk_size: int = DEFAULT_CHUNK
+    input_dim: int | None = None  # columns of the training X, checked at predict time
 
     # ---- predictions -------------------------------------------------------------------
     def _X(self, X, offset):
         X = _check_X(X, "X")
         D = self.model.input_dim()
+        if D is None:
+            D = self.input_dim
         if D is not None and X.shape[1] != D:
             raise ValueError(f"X has {X.shape[1]} columns but the model was fitted on {D}")
         return X, _check_offset(offset, X.shape[0])
@@ -85,14 +88,14 @@ class FitResult:
         """Class probabilities: (N, 2) for Bernoulli (columns: negative, positive class),
         (N, L) for ordinal levels 0..L−1."""
         lik = self.model.likelihood
+        if not isinstance(lik, (Bernoulli, Ordinal)):
+            raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
         m, v = self.predict_f(X, offset)
         if isinstance(lik, Bernoulli):
             p, _ = lik.predict_mean_and_var(jnp.asarray(m), jnp.asarray(v))
             p = np.asarray(p)
             return np.stack([1.0 - p, p], axis=1)
-        if isinstance(lik, Ordinal):
-            return np.asarray(lik.level_probabilities(jnp.asarray(m), jnp.asarray(v)))
-        raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
+        return np.asarray(lik.level_probabilities(jnp.asarray(m), jnp.asarray(v)))
 
     def log_predictive_density(self, X, y, offset=None):
         """Per-point ``log p(y* | data)`` at inputs ``X``: an (N,) array."""
@@ -107,7 +110,10 @@ class FitResult:
 def _check_offset(offset, N, name="offset"):
     if offset is None:
         return None
-    off = np.asarray(offset, dtype=np.float64)
+    off = _as_array(offset, name)
+    if not _is_real_dtype(off.dtype):
+        raise ValueError(f"{name} must be numeric (real), got dtype {off.dtype}")
+    off = off.astype(np.float64)
     if off.ndim == 0:
         off = np.full(N, float(off))
     if off.shape != (N,):
@@ -173,7 +179,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     FitResult
     """
     t0 = time.perf_counter()
-    if engine not in ENGINES:
+    if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gpvi GLM, GP or SparseGP, got {type(model).__name__}")
@@ -184,7 +190,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     if int(max_iter) < 1:
         raise ValueError(f"max_iter must be at least 1, got {max_iter}")
     X = _check_X(X, "X")
-    y = np.asarray(y)
+    y = _as_array(y, "y")
     if y.ndim != 1:
         raise ValueError(f"y must be a 1-D array of observations, got shape {y.shape}")
     if y.shape[0] != X.shape[0]:
@@ -255,7 +261,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
                      converged=res.converged, message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
-                     prior=obj.prior, chunk_size=chunk_size)
+                     prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1])
 
 
 def _check_init(init, d):

@@ -37,12 +37,24 @@ __all__ = [
 _LOG2PI = float(np.log(2.0 * np.pi))
 
 
+def _as_array(a, name):
+    """``np.asarray(a)``, with ragged input reported as a ValueError that names ``name``."""
+    try:
+        return np.asarray(a)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{name} must be a rectangular numeric array: {err}") from None
+
+
+def _is_real_dtype(dtype):
+    return dtype == bool or (np.issubdtype(dtype, np.number) and not np.issubdtype(dtype, np.complexfloating))
+
+
 def _finite_1d(y, name="y"):
-    y = np.asarray(y)
+    y = _as_array(y, name)
     if y.ndim != 1:
         raise ValueError(f"{name} must be a 1-D array of observations, got shape {y.shape}")
-    if y.dtype == object or not (np.issubdtype(y.dtype, np.number) or y.dtype == bool):
-        raise ValueError(f"{name} must be numeric, got dtype {y.dtype}")
+    if not _is_real_dtype(y.dtype):
+        raise ValueError(f"{name} must be numeric (real), got dtype {y.dtype}")
     if not np.all(np.isfinite(y.astype(np.float64))):
         raise ValueError(f"{name} contains NaN or infinite values")
     return y

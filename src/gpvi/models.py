@@ -27,7 +27,7 @@ from jax.scipy.linalg import solve_triangular
 
 from ._module import Module, param, static
 from .kernels import Kernel
-from .likelihoods import Likelihood
+from .likelihoods import Likelihood, _as_array, _is_real_dtype
 
 __all__ = ["Model", "GLM", "GP", "SparseGP", "cholesky", "kl_standard_normal"]
 
@@ -35,7 +35,7 @@ _MAX_JITTER_TRIES = 8
 
 
 def cholesky(K, jitter):
-    """Lower Cholesky factor of ``K + j·s·I`` with ``s`` the mean diagonal of K.
+    """Lower Cholesky factor of ``K + j·s·I`` with ``s`` the mean diagonal of K, and ``j·s``.
 
     ``j`` starts at ``jitter`` and grows tenfold until the factorisation succeeds (at most
     8 tries).  The jitter is chosen on ``stop_gradient(K)`` so the result stays
@@ -57,7 +57,8 @@ def cholesky(K, jitter):
     j, _ = jax.lax.while_loop(
         lambda c: bad(c[0]) & (c[1] < _MAX_JITTER_TRIES), body, (jnp.asarray(jitter, K.dtype), 0)
     )
-    return jnp.linalg.cholesky(K + jax.lax.stop_gradient(j * scale) * eye)
+    added = jax.lax.stop_gradient(j * scale)
+    return jnp.linalg.cholesky(K + added * eye), added
 
 
 def kl_standard_normal(m, L):
@@ -67,15 +68,17 @@ def kl_standard_normal(m, L):
 
 
 def _check_X(X, name="X"):
-    X = np.asarray(X)
+    X = _as_array(X, name)
     if X.ndim == 1:
         X = X[:, None]
     if X.ndim != 2:
         raise ValueError(f"{name} must be a 2-D array of shape (N, D), got shape {X.shape}")
     if X.shape[0] == 0:
         raise ValueError(f"{name} is empty: at least one row is needed")
-    if X.dtype == object or not (np.issubdtype(X.dtype, np.number) or X.dtype == bool):
-        raise ValueError(f"{name} must be numeric, got dtype {X.dtype}")
+    if X.shape[1] == 0:
+        raise ValueError(f"{name} has no columns: at least one input dimension is needed")
+    if not _is_real_dtype(X.dtype):
+        raise ValueError(f"{name} must be numeric (real), got dtype {X.dtype}")
     X = X.astype(np.float64)
     if not np.all(np.isfinite(X)):
         raise ValueError(f"{name} contains NaN or infinite values")
@@ -171,7 +174,7 @@ class SparseGP(Model):
 
     def prior_cache(self, X):
         Z = jnp.asarray(self.inducing)
-        return cholesky(self.kernel(Z, Z), self.jitter)
+        return cholesky(self.kernel(Z, Z), self.jitter)[0]
 
     def project(self, cache, Xc):
         Kzx = self.kernel(jnp.asarray(self.inducing), Xc)
@@ -181,7 +184,12 @@ class SparseGP(Model):
 
 
 class GP(Model):
-    """Full GP, ``f ~ N(mean, K(X, X))``, whitened by ``L = chol K``; O(N³) per fit."""
+    """Full GP, ``f ~ N(mean, K(X, X))``, whitened by ``L = chol K``; O(N³) per fit.
+
+    The jitter that makes ``K`` factorisable is part of the prior as a nugget,
+    ``k(x, x') + j·δ(x = x')``, so that the training latents are exactly ``f = mean + L w``
+    (``c_i = 0``) and predictions at new inputs are the matching GP conditionals.
+    """
 
     kernel: Kernel = None
     likelihood: Likelihood = None
@@ -192,19 +200,21 @@ class GP(Model):
         return int(np.shape(X)[0])
 
     def prior_cache(self, X):
-        return X, cholesky(self.kernel(X, X), self.jitter)
+        L, nugget = cholesky(self.kernel(X, X), self.jitter)
+        return X, L, nugget
 
     def project(self, cache, Xc):
-        X, L = cache
-        At = solve_triangular(L, self.kernel(X, Xc), lower=True)
-        # On training rows c_i is 0 up to the jitter; elsewhere it is the conditional variance.
-        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
+        X, L, nugget = cache
+        same = jnp.ones((X.shape[0], Xc.shape[0]), bool)
+        for k in range(X.shape[1]):  # a loop over input columns, not data points
+            same = same & (X[:, k, None] == Xc[None, :, k])
+        At = solve_triangular(L, self.kernel(X, Xc) + nugget * same, lower=True)
+        # On training rows c_i = 0 up to rounding; elsewhere the conditional variance.
+        c = jnp.maximum(self.kernel.diag(Xc) + nugget - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
 
 
 def _kmeans(X, M, seed):
-    from sklearn.cluster import KMeans
-
     rng = np.random.default_rng(seed)
     sub = X if X.shape[0] <= 100_000 else X[rng.choice(X.shape[0], 100_000, replace=False)]
     uniq = np.unique(sub, axis=0)
@@ -212,5 +222,7 @@ def _kmeans(X, M, seed):
         raise ValueError(
             f"inducing: asked for M = {M} k-means centres but X has only {uniq.shape[0]} distinct rows"
         )
+    from sklearn.cluster import KMeans
+
     km = KMeans(n_clusters=M, n_init=1, max_iter=100, random_state=seed).fit(sub)
     return km.cluster_centers_

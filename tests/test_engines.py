@@ -1,0 +1,230 @@
+"""Engines against closed forms and against each other.
+
+Oracles: Titsias' (2009) collapsed bound and exact GP regression (written here in NumPy,
+independently of gpvi's code), and cross-engine agreement on the same objective.
+"""
+import numpy as np
+import pytest
+
+import gpvi
+from gpvi import likelihoods as L
+
+ENGINES = ["fpi", "fpb", "gradient"]
+
+
+def _regression_data(rng, N, D=2):
+    X = rng.uniform(-3, 3, (N, D))
+    f = np.sin(X[:, 0]) + 0.5 * np.cos(2 * X[:, 1] if D > 1 else X[:, 0])
+    return X, f
+
+
+def _jittered(K, jitter=1e-8):
+    # gpvi adds jitter·mean(diag K) to the prior covariance; the oracle uses the same model.
+    return K + jitter * np.mean(np.diag(K)) * np.eye(K.shape[0])
+
+
+def _titsias_bound(kernel, X, y, Z, noise, mean):
+    Kmm = _jittered(np.asarray(kernel(Z, Z)))
+    Knm = np.asarray(kernel(X, Z))
+    Qnn = Knm @ np.linalg.solve(Kmm, Knm.T)
+    N = X.shape[0]
+    C = Qnn + noise * np.eye(N)
+    r = y - mean
+    _, logdet = np.linalg.slogdet(C)
+    trace = np.sum(np.asarray(kernel.diag(X))) - np.trace(Qnn)
+    return -0.5 * (N * np.log(2 * np.pi) + logdet + r @ np.linalg.solve(C, r)) - 0.5 * trace / noise
+
+
+@pytest.mark.parametrize("engine", ["fpi", "fpb"])
+def test_sparse_gaussian_equals_titsias_bound(rng, engine):
+    X, f = _regression_data(rng, 600)
+    y = f + 0.3 * rng.standard_normal(600)
+    Z = X[rng.choice(600, 40, replace=False)]
+    kernel = gpvi.kernels.RBF(variance=1.3, lengthscale=0.9)
+    model = gpvi.SparseGP(kernel=kernel, likelihood=L.Gaussian(variance=0.09), inducing=Z, mean=0.2)
+    res = gpvi.fit(model, X, y, engine=engine, tol=1e-12)
+    ref = _titsias_bound(kernel, X, y, Z, 0.09, 0.2)
+    start = res.trace[0, 1]
+    assert abs(start - ref) > 1.0  # the prior is far from the optimum: the check can fail
+    assert res.converged
+    np.testing.assert_allclose(res.vlb, ref, rtol=1e-8)
+    # Gaussian likelihood: one FP/Newton step is exact.
+    np.testing.assert_allclose(res.trace[1, 1], ref, rtol=1e-8)
+
+
+@pytest.mark.parametrize("engine", ["fpi", "fpb"])
+def test_full_gp_gaussian_equals_exact_regression(rng, engine):
+    N = 200
+    X, f = _regression_data(rng, N)
+    y = f + 0.2 * rng.standard_normal(N)
+    Xs = rng.uniform(-3, 3, (50, 2))
+    kernel = gpvi.kernels.Matern52(variance=0.8, lengthscale=[1.1, 0.7])
+    noise, mu = 0.04, -0.3
+    res = gpvi.fit(gpvi.GP(kernel=kernel, likelihood=L.Gaussian(variance=noise), mean=mu), X, y,
+                   engine=engine, tol=1e-12)
+    K = _jittered(np.asarray(kernel(X, X)))
+    C = K + noise * np.eye(N)
+    r = y - mu
+    _, logdet = np.linalg.slogdet(C)
+    log_ml = -0.5 * (N * np.log(2 * np.pi) + logdet + r @ np.linalg.solve(C, r))
+    np.testing.assert_allclose(res.vlb, log_ml, rtol=1e-8)
+    Ks = np.asarray(kernel(X, Xs))
+    mean_ref = mu + Ks.T @ np.linalg.solve(C, r)
+    nugget = K[0, 0] - np.asarray(kernel(X[:1], X[:1]))[0, 0]  # the jitter is a nugget of the prior
+    var_ref = np.asarray(kernel.diag(Xs)) + nugget - np.sum(Ks * np.linalg.solve(C, Ks), 0)
+    m, v = res.predict_f(Xs)
+    np.testing.assert_allclose(m, mean_ref, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(v, var_ref, rtol=1e-8, atol=1e-10)
+    my, vy = res.predict_y(Xs)
+    np.testing.assert_allclose(vy, var_ref + noise, rtol=1e-8)
+    # Predictive density of Gaussian regression in closed form.
+    ys = rng.standard_normal(50)
+    lpd_ref = -0.5 * (np.log(2 * np.pi * (var_ref + noise)) + (ys - mean_ref) ** 2 / (var_ref + noise))
+    np.testing.assert_allclose(res.log_predictive_density(Xs, ys), lpd_ref, rtol=1e-8)
+
+
+def test_sparse_with_inducing_at_data_equals_full_gp(rng):
+    X, f = _regression_data(rng, 80)
+    y = (rng.uniform(size=80) < 1 / (1 + np.exp(-2 * f))).astype(int)
+    kernel = gpvi.kernels.RBF(variance=1.5, lengthscale=1.2)
+    full = gpvi.fit(gpvi.GP(kernel=kernel, likelihood=L.Bernoulli()), X, y, tol=1e-12)
+    sparse = gpvi.fit(gpvi.SparseGP(kernel=kernel, likelihood=L.Bernoulli(), inducing=X), X, y, tol=1e-12)
+    np.testing.assert_allclose(sparse.vlb, full.vlb, rtol=1e-7)
+    Xs = rng.uniform(-3, 3, (20, 2))
+    np.testing.assert_allclose(sparse.predict_f(Xs)[0], full.predict_f(Xs)[0], rtol=1e-5, atol=1e-7)
+
+
+def _problem(kind, rng, N):
+    X, f = _regression_data(rng, N)
+    if kind == "logit":
+        return L.Bernoulli(), X, (rng.uniform(size=N) < 1 / (1 + np.exp(-2 * f))).astype(int)
+    if kind == "probit":
+        return L.Bernoulli(link="probit"), X, np.where(rng.uniform(size=N) < 0.5 * (1 + np.tanh(f)), 1, -1)
+    if kind == "poisson":
+        return L.Poisson(), X, rng.poisson(np.exp(f))
+    if kind == "ordinal":
+        edges = np.array([-1.0, 0.0, 1.0])
+        lat = 2 * f + rng.logistic(size=N)
+        return L.Ordinal(edges=edges, shape=2.0), X, np.searchsorted(edges, lat / 2)
+    if kind == "laplace":
+        return L.Laplace(scale=0.3), X, f + rng.laplace(scale=0.3, size=N)
+    if kind == "studentt":
+        return L.StudentT(df=3.0, scale=0.3), X, f + 0.3 * rng.standard_t(3.0, size=N)
+    if kind == "exponential":
+        return L.Exponential(), X, rng.exponential(np.exp(f))
+    raise KeyError(kind)
+
+
+KINDS = ["logit", "probit", "poisson", "ordinal", "laplace", "studentt"]
+
+
+def _agree(results, rtol):
+    vlbs = np.array([r.vlb for r in results.values()])
+    best = vlbs.max()
+    for name, r in results.items():
+        assert np.isfinite(r.vlb), name
+        assert abs(r.vlb - best) <= rtol * abs(best), (name, r.vlb, best, {k: v.vlb for k, v in results.items()})
+
+
+def _fit_all(model, X, y, **kw):
+    model = model.initialise(X)  # one k-means placement shared by all engines
+    return {e: gpvi.fit(model, X, y, engine=e, tol=1e-11, max_iter=3000, **kw) for e in ENGINES}
+
+
+@pytest.mark.parametrize("kind", KINDS + ["exponential"])
+def test_engines_agree_sparse_small(rng, kind):
+    lik, X, y = _problem(kind, rng, 400)
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik, inducing=20)
+    _agree(_fit_all(model, X, y), 1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_engines_agree_sparse_acceptance(rng, kind):
+    """Issue #2 acceptance 2: N ≥ 2000, M ≥ 50, fixed hyperparameters."""
+    lik, X, y = _problem(kind, rng, 2000)
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik, inducing=50)
+    _agree(_fit_all(model, X, y), 1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["logit", "poisson"])
+def test_engines_agree_full_gp_and_glm(rng, kind):
+    """Issue #2 acceptance 2: full GP with N = 500 and a GLM, logistic and Poisson."""
+    lik, X, y = _problem(kind, rng, 500)
+    _agree(_fit_all(gpvi.GP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik), X, y), 1e-6)
+    H = np.column_stack([np.ones(500), X, X**2])
+    _agree(_fit_all(gpvi.GLM(likelihood=lik, prior_variance=1.0), H, y), 1e-6)
+
+
+@pytest.mark.parametrize("kind", ["logit", "poisson"])
+def test_engines_agree_glm_small(rng, kind):
+    lik, X, y = _problem(kind, rng, 300)
+    H = np.column_stack([np.ones(300), X])
+    _agree(_fit_all(gpvi.GLM(likelihood=lik, prior_variance=2.0), H, y), 1e-6)
+
+
+@pytest.mark.parametrize("engine", ["fpi", "fpb"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_fixed_point_never_lowers_the_vlb(rng, kind, engine):
+    lik, X, y = _problem(kind, rng, 300)
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=0.7, variance=2.0), likelihood=lik, inducing=25)
+    res = gpvi.fit(model, X, y, engine=engine, tol=1e-10, max_iter=1000)
+    steps = np.diff(res.trace[:, 1])
+    assert np.all(steps >= -1e-9 * abs(res.vlb)), steps.min()
+    assert res.vlb >= res.trace[0, 1]
+    assert res.converged, res.message
+
+
+def test_student_t_safeguards_are_used_and_counted(rng):
+    """Student-t is not log-concave: undamped FP steps from the prior can lower the VLB.
+
+    The engine must recover (backtrack) and still reach the gradient engine's optimum."""
+    N = 300
+    X = rng.uniform(-3, 3, (N, 1))
+    y = np.sin(2 * X[:, 0]) + 0.05 * rng.standard_t(1.5, size=N)
+    y[::15] += rng.choice([-8.0, 8.0], size=y[::15].shape)  # gross outliers
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(variance=4.0, lengthscale=0.3),
+                          likelihood=L.StudentT(df=3.0, scale=0.05), inducing=30).initialise(X)
+    fpi = gpvi.fit(model, X, y, engine="fpi", tol=1e-11, max_iter=2000)
+    grad = gpvi.fit(model, X, y, engine="gradient", tol=1e-12, max_iter=5000)
+    assert fpi.backtracks + fpi.cycles > 0
+    assert np.all(np.diff(fpi.trace[:, 1]) >= -1e-9 * abs(fpi.vlb))
+    np.testing.assert_allclose(fpi.vlb, grad.vlb, rtol=1e-6)
+
+
+def test_fit_reports_iterations_trace_and_message(rng):
+    lik, X, y = _problem("logit", rng, 200)
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(), likelihood=lik, inducing=10)
+    calls = []
+    res = gpvi.fit(model, X, y, tol=1e-8, callback=lambda i, v, t: calls.append((i, v, t)))
+    assert res.trace.shape == (res.iterations + 1, 2)
+    assert np.all(np.diff(res.trace[:, 0]) >= 0)
+    assert [c[0] for c in calls] == list(range(res.iterations + 1))
+    np.testing.assert_allclose([c[1] for c in calls], res.trace[:, 1])
+    assert res.converged and "tol" in res.message
+    short = gpvi.fit(model, X, y, tol=1e-14, max_iter=2)
+    assert not short.converged and short.iterations == 2 and "max_iter" in short.message
+
+
+def test_given_inducing_inputs_and_parameters_are_used_exactly(rng):
+    lik, X, y = _problem("poisson", rng, 200)
+    Z = rng.uniform(-3, 3, (12, 2))
+    kernel = gpvi.kernels.RBF(variance=0.7, lengthscale=[0.9, 1.3])
+    res = gpvi.fit(gpvi.SparseGP(kernel=kernel, likelihood=lik, inducing=Z, mean=0.1), X, y)
+    np.testing.assert_array_equal(np.asarray(res.model.inducing), Z)
+    np.testing.assert_array_equal(np.asarray(res.model.kernel.lengthscale), [0.9, 1.3])
+    assert float(res.model.kernel.variance) == 0.7 and float(res.model.mean) == 0.1
+
+
+def test_exposure_is_a_log_offset(rng):
+    X = rng.uniform(-2, 2, (300, 1))
+    t = rng.uniform(0.5, 5.0, 300)
+    y = rng.poisson(t * np.exp(np.sin(X[:, 0])))
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(), likelihood=L.Poisson(), inducing=10).initialise(X)
+    a = gpvi.fit(model, X, y, exposure=t, tol=1e-10)
+    b = gpvi.fit(model, X, y, offset=np.log(t), tol=1e-10)
+    np.testing.assert_allclose(a.vlb, b.vlb, rtol=1e-12)
+    m0, _ = a.predict_f(X[:5])
+    m1, _ = a.predict_f(X[:5], offset=np.log(t[:5]))
+    np.testing.assert_allclose(m1 - m0, np.log(t[:5]), rtol=1e-12)
