@@ -1,10 +1,13 @@
 """The fit driver: validate data, run an engine, optionally learn hyperparameters.
 
 Hyperparameters (kernel and likelihood parameters, the constant mean, ordinal bin edges and
-optionally the inducing inputs) are learned by block-coordinate ascent on the VLB
-(DESIGN §3): warm-started inference to tolerance, then a few L-BFGS-B iterations on the
-unconstrained hyperparameters with the whitened ``(m, V)`` held fixed, gradients by autodiff.
-Both blocks only ever raise the VLB.
+optionally the inducing inputs) are learned by L-BFGS-B on the *profile* bound
+``F(θ) = max_q VLB(θ, q)`` (DESIGN §3): every evaluation first runs the engine to
+convergence, warm-started from the previous optimum, and then differentiates the VLB in the
+unconstrained hyperparameters by autodiff with the whitened ``(m, V)`` held fixed.  At the
+inner optimum that is the exact gradient of ``F`` (envelope theorem).  Because the
+fixed-point engines converge in a handful of iterations, each evaluation is cheap; this is
+much faster than alternating single steps, which zig-zags like EM.
 """
 from __future__ import annotations
 
@@ -146,8 +149,8 @@ def _progress_callback(progress, engine):
 
 def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         learn_inducing: bool = False, tol: float = 1e-6, max_iter: int = 500,
-        offset=None, exposure=None, init: State | None = None, max_rounds: int = 50,
-        hyper_steps: int = 5, chunk_size: int = DEFAULT_CHUNK,
+        offset=None, exposure=None, init: State | None = None, max_rounds: int = 100,
+        chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
         callback=None) -> FitResult:
     """Fit a latent Gaussian model by variational inference.
@@ -167,7 +170,8 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     offset : (N,) values added to every latent (e.g. ``log`` exposure); ``exposure``:
         (N,) positive exposures for count models, turned into ``offset = log(exposure)``.
     init : starting ``State`` (default: the prior ``N(0, I)``).
-    max_rounds, hyper_steps : hyperparameter learning rounds, and L-BFGS-B iterations per round.
+    max_rounds : iteration limit of the hyperparameter L-BFGS-B (each iteration runs the
+        engine to convergence, warm-started, at every point it evaluates).
     chunk_size, cache_bytes : rows per chunk of the data sums; memory allowed for caching the
         projections of all rows.
     seed : for k-means placement of inducing inputs.
@@ -211,16 +215,16 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     prog = _progress_callback(progress, engine)
     t_offset = [0.0]
 
-    def cb(iteration, vlb, seconds):
+    def cb(iteration, vlb, seconds, shift=True):
         for f in (prog, callback):
             if f is not None:
-                f(iteration, vlb, seconds + t_offset[0])
+                f(iteration, vlb, seconds + (t_offset[0] if shift else 0.0))
 
-    def infer(mdl, start):
+    def infer(mdl, start, tol_, quiet=False):
         obj = Objective(mdl, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
         obj.check_prior()
         t_offset[0] = time.perf_counter() - t0
-        res = run(obj, start, tol=tol, max_iter=max_iter, callback=cb)
+        res = run(obj, start, tol=tol_, max_iter=max_iter, callback=None if quiet else cb)
         trace = res.trace.copy()
         trace[:, 0] += t_offset[0]
         return obj, res, trace
@@ -228,10 +232,10 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     d = model.num_weights(X)
     state = prior_state(d) if init is None else _check_init(init, d)
     try:
-        obj, res, trace = infer(model, state)
+        obj, res, trace = infer(model, state, tol)
         traces = [trace]
         rounds = 0
-        backtracks, cycles, evals = res.backtracks, res.cycles, res.evaluations
+        counts = [res.backtracks, res.cycles, res.evaluations]
         if learn_hyperparameters:
             names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
                      else list(learn_hyperparameters))
@@ -239,24 +243,20 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             if unknown:
                 raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
                                  f"known: {sorted(model.transforms())}")
-            chunks = make_chunks(X, y, offset, chunk_size)
-            Xj = jnp.asarray(X)
-            prev = res.vlb
-            for rounds in range(1, max_rounds + 1):
-                model = _hyper_round(model, names, Xj, chunks, res.state, hyper_steps)
-                obj, res, trace = infer(model, res.state)
-                traces.append(trace)
-                backtracks, cycles = backtracks + res.backtracks, cycles + res.cycles
-                evals += res.evaluations
-                if abs(res.vlb - prev) <= tol * max(1.0, abs(res.vlb)):
-                    break
-                prev = res.vlb
+            model, rounds, hyper_trace = _learn(model, names, X, y, offset, res.state, infer, tol,
+                                                max_rounds, chunk_size, counts, t0, cb)
+            obj, res, trace = infer(model, hyper_trace.pop("state"), tol)
+            traces = [np.asarray(hyper_trace["rows"]).reshape(-1, 2)]
+            counts[0] += res.backtracks
+            counts[1] += res.cycles
+            counts[2] += res.evaluations
     finally:
         if prog is not None:
             prog.close()
+    backtracks, cycles, evals = counts
     message = res.message
     if learn_hyperparameters:
-        message = f"{message}; hyperparameters: {rounds} round(s)"
+        message = f"{message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return FitResult(model=model, state=res.state, vlb=res.vlb, iterations=res.iterations,
                      converged=res.converged, message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
@@ -277,27 +277,51 @@ def _neg_vlb(theta, model, X, chunks, state):
 _neg_vlb_and_grad = jax.jit(jax.value_and_grad(_neg_vlb))
 
 
-def _hyper_round(model, names, X, chunks, state, steps):
-    """A few L-BFGS-B iterations on the unconstrained hyperparameters, (m, V) fixed."""
+def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size, counts, t0, cb):
+    """L-BFGS-B on the profile bound; returns (model, iterations, trace dict)."""
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
+    chunks = make_chunks(X, y, offset, chunk_size)
+    Xj = jnp.asarray(X)
+    inner_tol = max(tol * 1e-3, 1e-13)
+    memo = {"state": state, "best": (-np.inf, None, state)}
+    rows = []
 
     def fun(x):
-        val, g = _neg_vlb_and_grad(unravel(jnp.asarray(x)), model, X, chunks, state)
-        val = float(val)
-        g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
-        if not np.isfinite(val) or not np.all(np.isfinite(g)):
+        theta = unravel(jnp.asarray(x))
+        mdl = unflatten_params(model, theta)
+        try:
+            _, res, _ = infer(mdl, memo["state"], inner_tol, quiet=True)
+        except np.linalg.LinAlgError:
             return np.inf, np.zeros_like(x)
-        return val, g
+        counts[0] += res.backtracks
+        counts[1] += res.cycles
+        counts[2] += res.evaluations
+        if not np.isfinite(res.vlb):
+            return np.inf, np.zeros_like(x)
+        val, g = _neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
+        g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
+        if not np.isfinite(float(val)) or not np.all(np.isfinite(g)):
+            return np.inf, np.zeros_like(x)
+        memo["state"] = res.state  # warm start for the next evaluation
+        if res.vlb > memo["best"][0]:
+            memo["best"] = (res.vlb, np.array(x), res.state)
+        return float(val), g
+
+    def record(intermediate_result):
+        rows.append((time.perf_counter() - t0, -float(intermediate_result.fun)))
+        cb(len(rows) - 1, rows[-1][1], rows[-1][0], shift=False)
 
     x0 = np.asarray(flat0)
     f0, _ = fun(x0)
-    res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B",
-                                  options=dict(maxiter=steps, gtol=1e-10))
-    # L-BFGS-B returns its best point; keep the old one if it was not improved upon.
-    if not (np.isfinite(res.fun) and res.fun <= f0):
-        return model
-    return unflatten_params(model, unravel(jnp.asarray(res.x)))
+    rows.append((time.perf_counter() - t0, -f0))
+    out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
+                                  options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
+    best_vlb, best_x, best_state = memo["best"]
+    if best_x is None:
+        return model, int(out.nit), {"rows": rows, "state": state}
+    return (unflatten_params(model, unravel(jnp.asarray(best_x))), int(out.nit),
+            {"rows": rows, "state": best_state})
 
 
 import jax.flatten_util  # noqa: E402  (registers jax.flatten_util)
