@@ -8,6 +8,7 @@ the log scale.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ._module import Module, param
@@ -15,6 +16,9 @@ from ._module import Module, param
 __all__ = [
     "Kernel", "RBF", "Matern12", "Matern32", "Matern52", "Linear", "Constant", "Sum", "Product",
 ]
+
+
+_EXACT_DIFF_MAX_D = 8
 
 
 def _as_2d(X):
@@ -65,8 +69,17 @@ class Stationary(Kernel):
                 f"lengthscale has {ls.shape[0]} entries but the inputs have {X1.shape[1]} columns"
             )
         A, B = X1 / ls, X2 / ls
-        # |a-b|^2 = |a|^2 + |b|^2 - 2ab, clipped at 0 against rounding.
-        d2 = jnp.sum(A**2, 1)[:, None] + jnp.sum(B**2, 1)[None, :] - 2.0 * A @ B.T
+        if A.shape[1] <= _EXACT_DIFF_MAX_D:
+            # Few columns: sum exact squared differences column by column (a loop over
+            # columns, not data).  No cancellation, so d2 is exactly 0 for equal inputs,
+            # which matters for kernels with sqrt(d2) (Matérn) near zero distance.
+            d2 = sum((A[:, k, None] - B[None, :, k]) ** 2 for k in range(A.shape[1]))
+        else:
+            # Many columns: |a-b|² = |a|² + |b|² − 2ab as one matrix product, centred on the
+            # first argument's mean because the expansion loses precision far from the origin.
+            c = jnp.mean(A, axis=0)
+            A, B = A - c, B - c
+            d2 = jnp.sum(A**2, 1)[:, None] + jnp.sum(B**2, 1)[None, :] - 2.0 * A @ B.T
         return jnp.maximum(d2, 0.0)
 
     def _diag(self, X):
@@ -77,10 +90,15 @@ class Stationary(Kernel):
 
 
 def _safe_sqrt(d2):
-    # sqrt has an infinite derivative at 0; the kernels below are smooth in d2 there
-    # only after the exp, so guard the gradient with the double-where trick.
-    pos = d2 > 0
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, d2, 1.0)), 0.0)
+    """``sqrt(d2)`` with a finite derivative (0) at ``d2 = 0``.
+
+    Flooring at 1e-300 changes values by ~1e-150 and leaves no masked branch: the usual
+    double-``where`` guard (and a custom JVP with ``where``) gave wrong or NaN gradients
+    inside ``lax.scan`` next to a triangular solve when some distances were exactly 0
+    (XLA:CPU, JAX 0.10).  The tangent of ``d2`` is itself 0 at 0 distance, so the
+    hyperparameter gradients are exact.
+    """
+    return jnp.sqrt(jnp.maximum(d2, 1e-300))
 
 
 class RBF(Stationary):

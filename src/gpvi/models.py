@@ -57,7 +57,11 @@ def cholesky(K, jitter):
     j, _ = jax.lax.while_loop(
         lambda c: bad(c[0]) & (c[1] < _MAX_JITTER_TRIES), body, (jnp.asarray(jitter, K.dtype), 0)
     )
-    added = jax.lax.stop_gradient(j * scale)
+    # Only the discrete multiplier j is frozen; the scale s stays differentiable in K, so
+    # autodiff gives the derivative of the function actually computed (j·s varies with the
+    # kernel variance; freezing it biased full-GP hyperparameter gradients when K is
+    # near-singular).
+    added = jax.lax.stop_gradient(j) * jnp.maximum(jnp.mean(jnp.diag(K)), jnp.finfo(K.dtype).tiny)
     return jnp.linalg.cholesky(K + added * eye), added
 
 

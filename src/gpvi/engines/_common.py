@@ -134,10 +134,7 @@ class SafeguardedAscent:
         self.clipped = 0
         self._history: list[State] = []
 
-    def step(self, state: State, sums: Sums, update_mean=True, update_cov=True):
-        """Return ``(new_state, new_sums, alpha_used)`` or ``None`` if no ascent step exists."""
-        alpha = self.alpha
-        slack = 1e-13 * max(1.0, abs(float(sums.vlb)))
+    def _target(self, state: State, sums: Sums):
         RH = precision_chol(sums.S)
         if not bool(_finite(RH)):
             # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not
@@ -146,19 +143,58 @@ class SafeguardedAscent:
             # positive definite, so the fixed point itself is unchanged.
             self.clipped += 1
             RH = precision_chol(self.objective.sums(state, clip_gamma=True).S)
+        return RH
+
+    def _try(self, state, sums, RH, alpha, update_mean, update_cov):
+        prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov)
+        new = self.objective.sums(prop)
+        v = float(new.vlb)
+        slack = 1e-13 * max(1.0, abs(float(sums.vlb)))
+        ok = np.isfinite(v) and v >= float(sums.vlb) - slack and bool(_finite(prop.chol))
+        return (prop, new) if ok else None
+
+    def _halving(self, state, sums, update_mean, update_cov, alpha):
+        RH = self._target(state, sums)
         for _ in range(self.max_halvings + 1):
-            prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov)
-            new = self.objective.sums(prop)
-            v = float(new.vlb)
-            if np.isfinite(v) and v >= float(sums.vlb) - slack and bool(_finite(prop.chol)):
-                self._cycle_check(prop, state)
-                used = alpha
-                self.alpha = min(1.0, 2.0 * self.alpha) if alpha == self.alpha else self.alpha
-                return prop, new, used
+            out = self._try(state, sums, RH, alpha, update_mean, update_cov)
+            if out is not None:
+                return out[0], out[1], alpha
             self.backtracks += 1
             alpha *= 0.5
-            self.alpha = alpha
         return None
+
+    def step(self, state: State, sums: Sums, update_mean=True, update_cov=True):
+        """Return ``(new_state, new_sums, alpha_used)`` or ``None`` if no ascent step exists.
+
+        A rejected joint (mean + covariance) step is first retried in the FPb order — a full
+        fixed-point step on V, then a backtracked Newton step on m from the new V — because
+        damping the precision only halves its excess per step, which is slow to recover from
+        a collapsed covariance; only if that fails is the joint step damped.
+        """
+        alpha = self.alpha
+        if update_mean and update_cov:
+            RH = self._target(state, sums)
+            out = self._try(state, sums, RH, alpha, True, True)
+            if out is not None:
+                self._cycle_check(out[0], state)
+                self.alpha = min(1.0, 2.0 * alpha)
+                return out[0], out[1], alpha
+            self.backtracks += 1
+            cov = self._halving(state, sums, False, True, 1.0)
+            if cov is not None and cov[2] == 1.0:
+                mid, mid_sums, _ = cov
+                mean = self._halving(mid, mid_sums, True, False, 1.0)
+                new_state, new_sums = (mean[0], mean[1]) if mean is not None else (mid, mid_sums)
+                self._cycle_check(new_state, state)
+                return new_state, new_sums, 1.0
+            out = self._halving(state, sums, True, True, 0.5 * alpha)
+        else:
+            out = self._halving(state, sums, update_mean, update_cov, alpha)
+        if out is None:
+            return None
+        self._cycle_check(out[0], state)
+        self.alpha = min(1.0, 2.0 * out[2])
+        return out
 
     def _cycle_check(self, new: State, cur: State):
         hist = self._history

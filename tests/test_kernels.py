@@ -1,0 +1,289 @@
+"""Kernels against textbook formulas, written out here (never taken from gpvi.kernels)."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gpvi import kernels as K
+from gpvi._module import flatten_params, unflatten_params
+
+EPS = np.finfo(np.float64).eps
+D = 3
+ARD = np.array([0.5, 1.0, 2.0])
+N1, N2 = 24, 9  # few distinct shapes: every new shape costs JAX compilations
+
+CASES = {
+    "rbf": K.RBF(variance=1.3, lengthscale=0.7),
+    "rbf-ard": K.RBF(variance=0.8, lengthscale=ARD),
+    "matern12": K.Matern12(variance=1.3, lengthscale=0.7),
+    "matern32": K.Matern32(variance=0.9, lengthscale=1.1),
+    "matern52": K.Matern52(variance=2.0, lengthscale=0.6),
+    "matern52-ard": K.Matern52(variance=1.0, lengthscale=ARD),
+    "linear": K.Linear(variance=0.6),
+    "constant": K.Constant(variance=2.0),
+    "sum": K.RBF(variance=1.3, lengthscale=0.7) + K.Linear(variance=0.6) + K.Constant(variance=0.5),
+    "product": K.Matern32(variance=0.9, lengthscale=1.1) * K.Linear(variance=0.6),
+    "sum-of-products": K.RBF(lengthscale=ARD) * K.Matern12(variance=0.4) + K.Constant(variance=0.3),
+}
+IDS = list(CASES)
+
+
+def uses_matern12(k):
+    if isinstance(k, (K.Sum, K.Product)):
+        return any(uses_matern12(c) for c in k.kernels)
+    return isinstance(k, K.Matern12)
+
+
+def inputs(seed, n=N1):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, D))
+    X[-1] = X[0]  # a duplicate row: PSD must survive exact ties
+    return X
+
+
+# Textbook profiles of the scaled distance r = |x − x'| / l.
+PROFILES = {
+    K.RBF: lambda r: np.exp(-0.5 * r**2),
+    K.Matern12: lambda r: np.exp(-r),
+    K.Matern32: lambda r: (1 + np.sqrt(3) * r) * np.exp(-np.sqrt(3) * r),
+    K.Matern52: lambda r: (1 + np.sqrt(5) * r + 5 * r**2 / 3) * np.exp(-np.sqrt(5) * r),
+}
+
+
+def ref_matrix(k, X1, X2):
+    """Independent covariance matrix from the definitions (pairwise differences)."""
+    if isinstance(k, K.Sum):
+        return sum(ref_matrix(c, X1, X2) for c in k.kernels)
+    if isinstance(k, K.Product):
+        out = np.ones((X1.shape[0], X2.shape[0]))
+        for c in k.kernels:
+            out = out * ref_matrix(c, X1, X2)
+        return out
+    s2 = float(k.variance)
+    if isinstance(k, K.Linear):
+        return s2 * np.einsum("id,jd->ij", X1, X2)
+    if isinstance(k, K.Constant):
+        return np.full((X1.shape[0], X2.shape[0]), s2)
+    ls = np.asarray(k.lengthscale, float)
+    diff = (X1[:, None, :] - X2[None, :, :]) / ls
+    r = np.sqrt(np.sum(diff**2, axis=-1))
+    return s2 * PROFILES[type(k)](r)
+
+
+# ------------------------------------------------------------------------------------------
+def test_every_kernel_class_is_covered():
+    classes = {getattr(K, n) for n in K.__all__} - {K.Kernel, getattr(K, "Stationary", None)}
+    covered = set()
+
+    def walk(k):
+        covered.add(type(k))
+        for c in getattr(k, "kernels", ()):
+            walk(c)
+
+    for k in CASES.values():
+        walk(k)
+    missing = sorted(c.__name__ for c in classes - covered)
+    assert not missing, f"kernel classes without a test instance: {missing}"
+    for cls in classes - {K.Sum, K.Product, K.Linear, K.Constant}:
+        assert cls in PROFILES, f"no textbook profile for {cls.__name__}"
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_matrix_is_symmetric_psd(name):
+    k = CASES[name]
+    X = inputs(1)
+    M = np.asarray(k(X))
+    assert M.shape == (N1, N1)
+    np.testing.assert_allclose(M, M.T, rtol=0, atol=1e-14 * np.abs(M).max())
+    eig = np.linalg.eigvalsh(0.5 * (M + M.T))
+    assert eig.min() >= -1e-10 * eig.max(), f"min eigenvalue {eig.min():.3e}, max {eig.max():.3e}"
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_matrix_matches_pairwise_definition(name):
+    k = CASES[name]
+    X1, X2 = inputs(2), inputs(3, N2)
+    # No ties between X1 and X2 (independent draws), so r² ≳ 1e-2 and the |a|² + |b|² − 2a·b
+    # expansion's ~eps·|x/l|² absolute error in r² is ≲ 1e-12 relative; ties: diag test.
+    np.testing.assert_allclose(np.asarray(k(X1, X2)), ref_matrix(k, X1, X2), rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(np.asarray(k(X2, X1)), np.asarray(k(X1, X2)).T, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_diag_equals_diagonal_of_matrix(name):
+    k = CASES[name]
+    X = inputs(4)
+    d = np.asarray(k.diag(X))
+    full = np.diag(np.asarray(k(X)))
+    np.testing.assert_allclose(d, np.diag(ref_matrix(k, X, X)), rtol=1e-13, atol=1e-14)
+    # k(X, X) computes r² = |a|² + |a|² − 2|a|² in floating point: the result is 0 up to
+    # δ ≈ (D + 2)·eps·|x/l|² (here ≲ 1e-13).  Profiles smooth in r² move by O(δ); the
+    # Matérn-1/2 profile e^{−r} moves by √δ.
+    lmin = 0.5  # smallest lengthscale in CASES
+    delta = 8 * (D + 2) * EPS * np.max(np.sum(X**2, 1)) / lmin**2
+    rtol = np.sqrt(delta) if uses_matern12(k) else 1e-12
+    np.testing.assert_allclose(full, d, rtol=rtol, atol=1e-14)
+
+
+@pytest.mark.parametrize("cls", [K.RBF, K.Matern12, K.Matern32, K.Matern52])
+def test_stationary_values_at_known_distances(cls):
+    s2, ell = 1.7, 0.8
+    k = cls(variance=s2, lengthscale=ell)
+    rng = np.random.default_rng(5)
+    c = rng.normal(size=D)
+    u = rng.normal(size=D)
+    u /= np.linalg.norm(u)
+    dist = np.array([0.1, 0.25, 0.5, 1.0, 1.6, 2.0, 3.7, 6.0])
+    X1 = c[None, :]
+    X2 = c[None, :] + dist[:, None] * u[None, :]
+    got = np.asarray(k(X1, X2))[0]
+    r = dist / ell
+    want = {
+        K.RBF: s2 * np.exp(-(dist**2) / (2 * ell**2)),
+        K.Matern12: s2 * np.exp(-r),
+        K.Matern32: s2 * (1 + np.sqrt(3) * r) * np.exp(-np.sqrt(3) * r),
+        K.Matern52: s2 * (1 + np.sqrt(5) * r + 5 * r**2 / 3) * np.exp(-np.sqrt(5) * r),
+    }[cls]
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(k.diag(X1)), [s2], rtol=1e-15)
+
+
+def test_linear_and_constant_values():
+    X1 = np.array([[1.0, 2.0, -1.0], [0.5, 0.0, 3.0]])
+    X2 = np.array([[2.0, -1.0, 1.0]])
+    np.testing.assert_allclose(np.asarray(K.Linear(variance=0.6)(X1, X2)), [[0.6 * -1.0], [0.6 * 4.0]], rtol=1e-15)
+    np.testing.assert_allclose(np.asarray(K.Linear(variance=0.6).diag(X1)), 0.6 * np.array([6.0, 9.25]), rtol=1e-15)
+    np.testing.assert_array_equal(np.asarray(K.Constant(variance=2.0)(X1, X2)), np.full((2, 1), 2.0))
+    np.testing.assert_array_equal(np.asarray(K.Constant(variance=2.0).diag(X1)), np.full(2, 2.0))
+
+
+@pytest.mark.parametrize("cls", [K.RBF, K.Matern12, K.Matern32, K.Matern52])
+def test_ard_with_equal_lengthscales_is_isotropic(cls):
+    X1, X2 = inputs(6), inputs(7, N2)
+    iso = cls(variance=1.2, lengthscale=0.9)
+    ard = cls(variance=1.2, lengthscale=np.full(D, 0.9))
+    np.testing.assert_allclose(np.asarray(ard(X1, X2)), np.asarray(iso(X1, X2)), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(ard.diag(X1)), np.asarray(iso.diag(X1)), rtol=1e-15)
+    # unequal ARD lengthscales = unit lengthscale on rescaled inputs
+    ard = cls(variance=1.2, lengthscale=ARD)
+    unit = cls(variance=1.2, lengthscale=1.0)
+    np.testing.assert_allclose(np.asarray(ard(X1, X2)), np.asarray(unit(X1 / ARD, X2 / ARD)), rtol=1e-12, atol=1e-15)
+
+
+def test_sum_and_product_are_elementwise():
+    X1, X2 = inputs(8), inputs(9, N2)
+    a = K.RBF(variance=1.3, lengthscale=ARD)
+    b = K.Matern32(variance=0.7, lengthscale=1.4)
+    c = K.Linear(variance=0.2)
+    A, B, C = (np.asarray(k(X1, X2)) for k in (a, b, c))
+    np.testing.assert_allclose(np.asarray((a + b)(X1, X2)), A + B, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray((a * b)(X1, X2)), A * B, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray((a + b + c)(X1, X2)), A + B + C, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(np.asarray((a * b * c)(X1, X2)), A * B * C, rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(np.asarray((a * b + c)(X1, X2)), A * B + C, rtol=1e-14, atol=1e-15)
+    da, db = np.asarray(a.diag(X1)), np.asarray(b.diag(X1))
+    np.testing.assert_allclose(np.asarray((a + b).diag(X1)), da + db, rtol=1e-15)
+    np.testing.assert_allclose(np.asarray((a * b).diag(X1)), da * db, rtol=1e-15)
+    assert len((a + b + c).kernels) == 3 and len((a * b * c).kernels) == 3
+
+
+@pytest.mark.parametrize("cls", [K.RBF, K.Matern12, K.Matern32, K.Matern52])
+def test_wrong_length_ard_lengthscale_raises(cls):
+    k = cls(lengthscale=np.array([1.0, 2.0]))
+    with pytest.raises(ValueError, match="lengthscale"):
+        k(inputs(10))
+    with pytest.raises(ValueError, match="lengthscale"):
+        (k + K.Linear())(inputs(10))
+
+
+def test_input_shapes():
+    k = K.RBF(lengthscale=0.5)
+    x = np.linspace(0, 1, 4)
+    np.testing.assert_allclose(np.asarray(k(x)), np.asarray(k(x[:, None])), rtol=1e-15)
+    with pytest.raises(ValueError):
+        k(np.zeros((2, 2, 2)))
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_parameters_round_trip_through_flatten_unflatten(name):
+    k = CASES[name]
+    names = list(k.transforms())
+    assert names and all(t == "positive" for t in k.transforms().values())
+    params = k.parameters()
+    u = flatten_params(k, names)
+    for n in names:
+        np.testing.assert_allclose(np.asarray(u[n]), np.log(np.asarray(params[n])), rtol=1e-15, atol=1e-15)
+    k2 = unflatten_params(k, u)
+    assert type(k2) is type(k)
+    for n in names:
+        np.testing.assert_allclose(np.asarray(k2.parameters()[n]), np.asarray(params[n]), rtol=1e-14)
+    X = inputs(11)
+    np.testing.assert_allclose(np.asarray(k2(X)), np.asarray(k(X)), rtol=1e-13, atol=1e-15)
+    # moving every unconstrained value by +0.3 multiplies every parameter by e^{0.3}
+    k3 = unflatten_params(k, {n: v + 0.3 for n, v in u.items()})
+    for n in names:
+        np.testing.assert_allclose(np.asarray(k3.parameters()[n]), np.exp(0.3) * np.asarray(params[n]), rtol=1e-14)
+    leaves, treedef = jax.tree_util.tree_flatten(k)
+    assert len(leaves) == len(names)
+    assert type(jax.tree_util.tree_unflatten(treedef, leaves)) is type(k)
+
+
+def test_kernel_is_a_differentiable_pytree():
+    k = CASES["sum-of-products"]
+    X = inputs(14)
+    g = jax.jit(jax.grad(lambda kk: jnp.sum(kk(X))))(k)
+    assert jax.tree_util.tree_structure(g) == jax.tree_util.tree_structure(k)
+    # ∂/∂s² of Σ K for the additive Constant part is the number of entries
+    np.testing.assert_allclose(float(g.kernels[1].variance), X.shape[0] ** 2, rtol=1e-14)
+
+
+def test_sum_parameter_names():
+    k = K.RBF(lengthscale=ARD) + K.Linear(variance=0.6)
+    assert set(k.transforms()) == {"kernels.0.variance", "kernels.0.lengthscale", "kernels.1.variance"}
+    k2 = unflatten_params(k, {"kernels.1.variance": jnp.log(2.5)})
+    np.testing.assert_allclose(float(k2.kernels[1].variance), 2.5, rtol=1e-15)
+    np.testing.assert_array_equal(np.asarray(k2.kernels[0].lengthscale), ARD)
+
+
+def test_stationary_kernels_are_translation_invariant():
+    # |a|²+|b|²−2a·b on uncentred inputs cancels badly far from the origin (a shift of 100 moved
+    # Matérn-1/2 values by ~1e-6 relative before the kernels centred their inputs).
+    X1, X2 = inputs(12), inputs(13, N2)
+    shift = 100.0
+    for cls in (K.RBF, K.Matern12, K.Matern32, K.Matern52):
+        k = cls(variance=1.0, lengthscale=0.7)
+        np.testing.assert_allclose(np.asarray(k(X1 + shift, X2 + shift)), np.asarray(k(X1, X2)),
+                                   rtol=1e-9, atol=1e-12, err_msg=cls.__name__)
+        np.testing.assert_allclose(np.diag(np.asarray(k(X1 + shift))), 1.0, rtol=1e-9, err_msg=cls.__name__)
+
+
+@pytest.mark.parametrize("cls", [K.RBF, K.Matern12, K.Matern32, K.Matern52])
+def test_gradients_at_zero_distance_inside_scan(cls):
+    """Regression: with inputs coinciding exactly (inducing points taken from the data), a
+    where-guarded sqrt gave wrong or NaN gradients inside lax.scan next to a triangular solve,
+    while the unrolled computation was right.  Scan and unrolled must agree."""
+    from jax.scipy.linalg import solve_triangular
+
+    rng = np.random.default_rng(5)
+    X = jnp.asarray(rng.uniform(-2, 2, (40, 2)))
+    Z = X[:5]
+    chunks = X.reshape(2, 20, 2)
+    Lc = jnp.linalg.cholesky(K.RBF()(Z, Z) + 1e-6 * jnp.eye(5))
+
+    def total(params, scan):
+        k = cls(variance=params[0], lengthscale=params[1:])
+        L = jnp.linalg.cholesky(k(Z, Z) + 1e-6 * jnp.eye(5)) + Lc
+
+        def one(x):
+            return jnp.sum(solve_triangular(L, k(Z, x), lower=True) ** 2)
+
+        if scan:
+            return jax.lax.scan(lambda s, x: (s + one(x), None), 0.0, chunks)[0]
+        return one(chunks[0]) + one(chunks[1])
+
+    p = jnp.array([0.8, 1.2, 0.9])
+    g_scan, g_loop = jax.grad(total)(p, True), jax.grad(total)(p, False)
+    assert np.all(np.isfinite(np.asarray(g_scan)))
+    np.testing.assert_allclose(np.asarray(g_scan), np.asarray(g_loop), rtol=1e-10)
