@@ -1,0 +1,111 @@
+"""Cross-engine agreement and closed-form checks (issue #2 acceptance items 1 and 2).
+
+Prints, for every problem, the VLB each engine reaches, the largest relative gap to the best
+engine, iterations and seconds, and for Gaussian likelihoods the closed-form reference
+(Titsias' collapsed bound for the sparse GP, the exact log marginal likelihood for the full
+GP).  Problems: sparse GP (N = 2000, M = 50, k-means) with logistic, probit, Poisson, ordinal,
+Laplace and Student-t likelihoods; full GP (N = 500) and GLM with logistic and Poisson.
+Writes ``results/agreement.json`` and ``results/agreement.png``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import gpvi  # noqa: E402
+from gpvi import likelihoods as L  # noqa: E402
+from test_engines import _jittered, _problem, _regression_data, _titsias_bound  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ENGINES = ("fpi", "fpb", "gradient")
+
+
+def run(model, X, y):
+    model = model.initialise(X)
+    out = {}
+    for e in ENGINES:
+        gpvi.fit(model, X, y, engine=e, max_iter=2)  # compile
+        t = time.perf_counter()
+        r = gpvi.fit(model, X, y, engine=e, tol=1e-11, max_iter=5000)
+        out[e] = dict(vlb=r.vlb, iterations=r.iterations, seconds=time.perf_counter() - t,
+                      converged=r.converged, backtracks=r.backtracks)
+    best = max(v["vlb"] for v in out.values())
+    gap = max(abs(v["vlb"] - best) / abs(best) for v in out.values())
+    return out, gap
+
+
+def main():
+    rng = np.random.default_rng(2)
+    rows = []
+    # 1. closed forms
+    X, f = _regression_data(rng, 2000)
+    y = f + 0.3 * rng.standard_normal(2000)
+    Z = X[rng.choice(2000, 50, replace=False)]
+    k = gpvi.kernels.RBF(variance=1.3, lengthscale=0.9)
+    ref = _titsias_bound(k, X, y, Z, 0.09, 0.2)
+    res, gap = run(gpvi.SparseGP(kernel=k, likelihood=L.Gaussian(variance=0.09), inducing=Z, mean=0.2), X, y)
+    rows.append(("sparse N=2000 M=50", "gaussian", res, gap, ref))
+    X5, f5 = _regression_data(rng, 500)
+    y5 = f5 + 0.2 * rng.standard_normal(500)
+    Kj = _jittered(np.asarray(k(X5, X5))) + 0.04 * np.eye(500)
+    _, logdet = np.linalg.slogdet(Kj)
+    ref = -0.5 * (500 * np.log(2 * np.pi) + logdet + y5 @ np.linalg.solve(Kj, y5))
+    res, gap = run(gpvi.GP(kernel=k, likelihood=L.Gaussian(variance=0.04)), X5, y5)
+    rows.append(("full GP N=500", "gaussian", res, gap, ref))
+    # 2. cross-engine
+    for kind in ["logit", "probit", "poisson", "ordinal", "laplace", "studentt"]:
+        lik, X, y = _problem(kind, rng, 2000)
+        res, gap = run(gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik, inducing=50), X, y)
+        rows.append(("sparse N=2000 M=50", kind, res, gap, None))
+    for kind in ["logit", "poisson"]:
+        lik, X, y = _problem(kind, rng, 500)
+        res, gap = run(gpvi.GP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik), X, y)
+        rows.append(("full GP N=500", kind, res, gap, None))
+        H = np.column_stack([np.ones(500), X, X**2])
+        res, gap = run(gpvi.GLM(likelihood=lik, prior_variance=1.0), H, y)
+        rows.append(("GLM N=500 d=5", kind, res, gap, None))
+
+    head = (f"{'model':<20}{'likelihood':<11}" + "".join(f"{e + ' VLB':>17}" for e in ENGINES)
+            + f"{'max rel gap':>13}{'closed form':>17}{'rel err':>10}  iterations (fpi/fpb/grad)  seconds")
+    print(head)
+    js = []
+    for name, kind, res, gap, ref in rows:
+        rel = "" if ref is None else f"{max(abs(res[e]['vlb'] - ref) / abs(ref) for e in ('fpi', 'fpb')):10.1e}"
+        print(f"{name:<20}{kind:<11}" + "".join(f"{res[e]['vlb']:17.6f}" for e in ENGINES)
+              + f"{gap:13.1e}" + (f"{ref:17.6f}" if ref is not None else " " * 17) + rel
+              + "  " + "/".join(str(res[e]["iterations"]) for e in ENGINES).ljust(26)
+              + "/".join(f"{res[e]['seconds']:.2f}" for e in ENGINES))
+        js.append(dict(model=name, likelihood=kind, engines=res, max_relative_gap=gap, closed_form=ref))
+    worst = max(r[3] for r in rows)
+    print(f"\nworst cross-engine relative gap: {worst:.1e} (target 1e-6): {'PASS' if worst <= 1e-6 else 'FAIL'}")
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    with open(os.path.join(HERE, "results", "agreement.json"), "w") as fh:
+        json.dump(dict(rows=js, worst_gap=worst), fh, indent=1)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    labels = [f"{r[0]}\n{r[1]}" for r in rows]
+    for i, e in enumerate(ENGINES):
+        best = [max(v["vlb"] for v in r[2].values()) for r in rows]
+        gaps = [max(abs(r[2][e]["vlb"] - b) / abs(b), 1e-17) for r, b in zip(rows, best)]
+        ax.scatter(np.arange(len(rows)) + 0.15 * (i - 1), gaps, label=e)
+    ax.axhline(1e-6, color="k", ls="--", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)), labels, rotation=60, fontsize=7)
+    ax.set_ylabel("relative gap to best VLB")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(HERE, "results", "agreement.png"), dpi=120)
+
+
+if __name__ == "__main__":
+    main()
