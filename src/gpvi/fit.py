@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
+from threadpoolctl import threadpool_limits
 
 from ._module import flatten_params, unflatten_params
 from .engines import ENGINES, EngineResult
@@ -231,6 +232,10 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
 
     d = model.num_weights(X)
     state = prior_state(d) if init is None else _check_init(init, d)
+    # On the CPU, jaxlib's Cholesky and triangular solves call SciPy's OpenBLAS, whose idle
+    # threads keep spinning after each small M×M step and steal the cores XLA needs for the
+    # next O(N·M²) data pass (measured: an fpi iteration 76 → 40 ms at N = 20 000, M = 200).
+    limiter = threadpool_limits(limits=1, user_api="blas")
     try:
         obj, res, trace = infer(model, state, tol)
         traces = [trace]
@@ -251,6 +256,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             counts[1] += res.cycles
             counts[2] += res.evaluations
     finally:
+        limiter.restore_original_limits()
         if prog is not None:
             prog.close()
     backtracks, cycles, evals = counts
