@@ -8,7 +8,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from . import engines, kernels, likelihoods, metrics  # noqa: E402
+from . import engines, io, kernels, likelihoods, metrics  # noqa: E402
 from ._module import Module, param, static  # noqa: E402
 from .fit import FitResult, fit, learnable_parameters  # noqa: E402
 from .models import GLM, GP, Model, SparseGP  # noqa: E402
