@@ -44,8 +44,9 @@ class Clock:
         self.callback = callback
 
     def tick(self, vlb, iteration):
+        vlb = float(vlb)  # block on JAX's async dispatch first, so the time is the VLB's time
         t = time.perf_counter() - self.t0
-        self.rows.append((t, float(vlb)))
+        self.rows.append((t, vlb))
         if self.callback is not None:
             self.callback(iteration, float(vlb), t)
 
