@@ -16,8 +16,21 @@ from .objective import Objective, State, prior_state  # noqa: E402
 
 __version__ = "0.1.0"
 
+_ESTIMATORS = ("GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor")
+
+
+def __getattr__(name):
+    # The scikit-learn estimators are imported on first use: importing sklearn.base costs
+    # about 0.5 s, which ``import gpvi`` alone should not pay.
+    if name in _ESTIMATORS or name == "estimators":
+        import importlib
+
+        estimators = importlib.import_module(f"{__name__}.estimators")
+        return estimators if name == "estimators" else getattr(estimators, name)
+    raise AttributeError(f"module 'gpvi' has no attribute {name!r}")
+
 __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
-    "static",
+    "static", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
 ]

@@ -121,9 +121,21 @@ def fit_result_from_arrays(meta, arrays, prefix="fit"):
                      **meta["scalars"])
 
 
-def save(obj, path) -> Path:
-    """Write a fitted object to ``path`` (one file; the ``.gpvi`` suffix is conventional)."""
+def save(obj, path, extra: dict | None = None) -> Path:
+    """Write a fitted object to ``path`` (one file; the ``.gpvi`` suffix is conventional).
+
+    ``extra`` is an optional JSON-serialisable dict stored alongside (e.g. the column names
+    and preprocessing that ``gpvi fit`` used); read it back with ``load(path, with_extra=True)``.
+    """
     from .fit import FitResult
+
+    if extra is not None:
+        if not isinstance(extra, dict):
+            raise ValueError(f"extra must be a dict, got {type(extra).__name__}")
+        try:
+            extra = json.loads(json.dumps(extra, allow_nan=False))
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"extra must be JSON-serialisable (finite numbers, strings, lists, dicts): {err}") from None
 
     if isinstance(obj, FitResult):
         kind, (meta, arrays) = "FitResult", fit_result_to_arrays(obj)
@@ -133,6 +145,8 @@ def save(obj, path) -> Path:
     else:
         raise ValueError(f"cannot save a {type(obj).__name__}: expected a gpvi FitResult or estimator")
     meta = {"format": FORMAT, "version": VERSION, "kind": kind, **meta}
+    if extra is not None:
+        meta["extra"] = extra
     buf = _io.BytesIO()
     np.savez(buf, **{k: v for k, v in arrays.items()},
              **{"meta.json": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)})
@@ -141,12 +155,18 @@ def save(obj, path) -> Path:
     return path
 
 
-def load(path):
+def load(path, with_extra: bool = False):
     """Read an object written by :func:`save`.
 
-    Raises ``ValueError`` naming the file when it is not a gpvi model file, is truncated or
-    corrupt, or was written by a newer format version.
+    With ``with_extra=True`` return ``(obj, extra)``, ``extra`` being the dict given to
+    :func:`save` (``{}`` when none was).  Raises ``ValueError`` naming the file when it is
+    not a gpvi model file, is truncated or corrupt, or was written by a newer format version.
     """
+    obj, extra = _load(path)
+    return (obj, extra) if with_extra else obj
+
+
+def _load(path):
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -163,15 +183,18 @@ def load(path):
         raise ValueError(f"{path} is not a gpvi model file (format {meta.get('format') if isinstance(meta, dict) else None!r})")
     if meta.get("version", 0) > VERSION:
         raise ValueError(f"{path} was written by a newer gpvi (format version {meta['version']} > {VERSION}); upgrade gpvi")
+    extra = meta.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{path} is a damaged gpvi model file: malformed extra metadata")
+    from . import estimators  # noqa: F401  (registers the estimator kinds and their likelihoods)
+
     try:
         if meta["kind"] == "FitResult":
-            return fit_result_from_arrays(meta, arrays)
-        from . import estimators  # noqa: F401  (registers estimator kinds)
-
+            return fit_result_from_arrays(meta, arrays), extra
         cls = _ESTIMATORS.get(meta["kind"])
         if cls is None:
             raise ValueError(f"unknown object kind {meta['kind']!r}")
-        return cls._from_gpvi_file(meta, arrays)
+        return cls._from_gpvi_file(meta, arrays), extra
     except (KeyError, TypeError, IndexError) as err:
         raise ValueError(f"{path} is a damaged gpvi model file: missing or malformed {err}") from None
 

@@ -1,0 +1,856 @@
+"""The ``gpvi`` command line: ``gpvi fit``, ``gpvi predict`` and ``gpvi demo``.
+
+``gpvi fit DATA --target COL --likelihood NAME`` fits a model to a CSV (or Parquet) file and
+writes a model file that also records the feature columns, their standardisation and the
+label coding, so that ``gpvi predict MODEL DATA`` applies the same preprocessing to new rows.
+``gpvi demo`` fits a Poisson sparse GP to the coal-mining disaster counts that ship with
+gpvi, with the ``fpi`` and ``gradient`` engines, and prints and plots the comparison.
+
+Bad input (a missing file or column, non-numeric values, labels outside the likelihood's
+support, a corrupt model file) gives one line ``gpvi: error: …`` on stderr and exit code 2.
+:func:`main` takes the argument list and returns the exit code, so it can be called in-process.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import difflib
+import gzip
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["main", "read_table", "LIKELIHOODS", "MODELS"]
+
+EXIT_BAD_INPUT = 2
+EXIT_FIT_FAILED = 1
+CLI_FORMAT = "gpvi-cli"
+CLI_VERSION = 1
+
+LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential")
+MODELS = ("sparse", "full", "glm", "auto")
+ENGINES = ("fpi", "fpb", "gradient")
+CLASSIFIERS = ("bernoulli", "probit", "ordinal")
+STANDARDISED_TARGET = ("gaussian", "laplace", "studentt")  # identity link: y is standardised for the fit
+LOG_LINK = ("poisson", "exponential")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line and exit code 2."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading tables
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Table:
+    """Columns of a data file by name: lists of strings (CSV) or arrays/lists (Parquet)."""
+
+    path: str
+    columns: dict
+    nrows: int
+    lines: list | None = None  # CSV line number of each row (for messages)
+
+    def where(self, i: int) -> str:
+        return f"line {self.lines[i]}" if self.lines is not None else f"row {i + 1}"
+
+    def require(self, name: str, what: str = "column", note: str = ""):
+        if name not in self.columns:
+            hint = difflib.get_close_matches(name, list(self.columns), n=1)
+            names = list(self.columns)
+            shown = ", ".join(repr(c) for c in names[:12]) + (", …" if len(names) > 12 else "")
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise UsageError(f"{what} {name!r}{note} not found in {self.path}{extra}; its columns are {shown}")
+        return self.columns[name]
+
+
+def read_table(path) -> Table:
+    """Read a CSV (``.csv``, ``.tsv``, optionally ``.gz``) or Parquet (``.parquet``) file."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such file")
+    if p.is_dir():
+        raise UsageError(f"{path} is a directory, not a data file")
+    if p.suffix.lower() in PARQUET_SUFFIXES:
+        return _read_parquet(p, str(path))
+    return _read_csv(p, str(path))
+
+
+def _read_csv(p: Path, name: str) -> Table:
+    lower = p.name.lower()
+    opener = gzip.open if lower.endswith(".gz") else open
+    delimiter = "\t" if lower.removesuffix(".gz").endswith(".tsv") else ","
+    try:
+        with opener(p, "rt", newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            header = None
+            for row in reader:
+                if row and any(c.strip() for c in row):
+                    header = [c.strip() for c in row]
+                    break
+            if header is None:
+                raise UsageError(f"{name} is empty: expected a header line with column names")
+            for j, c in enumerate(header):
+                if not c:
+                    raise UsageError(f"{name}: column {j + 1} of the header line has no name")
+            dup = sorted({c for c in header if header.count(c) > 1})
+            if dup:
+                raise UsageError(f"{name}: the header names column {dup[0]!r} more than once")
+            cols = [[] for _ in header]
+            lines = []
+            for row in reader:
+                if not row or not any(c.strip() for c in row):
+                    continue  # blank line
+                if len(row) != len(header):
+                    raise UsageError(f"{name} line {reader.line_num} has {len(row)} fields but the header "
+                                     f"has {len(header)} columns")
+                for col, v in zip(cols, row):
+                    col.append(v)
+                lines.append(reader.line_num)
+    except UnicodeDecodeError:
+        raise UsageError(f"{name} is not a UTF-8 text CSV file (for Parquet, name it .parquet)") from None
+    except (csv.Error, gzip.BadGzipFile, EOFError) as err:
+        raise UsageError(f"{name} could not be read as CSV: {err}") from None
+    if not lines:
+        raise UsageError(f"{name} has a header but no data rows")
+    return Table(name, dict(zip(header, cols)), len(lines), lines)
+
+
+def _read_parquet(p: Path, name: str) -> Table:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise UsageError('reading Parquet files needs pyarrow, which is not installed: '
+                         'pip install "gpvi[parquet]"') from None
+    try:
+        table = pq.read_table(p)
+    except (pa.ArrowException, OSError) as err:
+        raise UsageError(f"{name} is not a readable Parquet file: {str(err).splitlines()[0]}") from None
+    cols = {}
+    for field, col in zip(table.schema, table.columns):
+        t = field.type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            arr = col.cast(pa.float64()).to_numpy(zero_copy_only=False)
+            cols[field.name] = np.asarray(arr, dtype=np.float64)  # nulls become NaN
+        else:
+            cols[field.name] = col.to_pylist()
+    if table.num_rows == 0:
+        raise UsageError(f"{name} has no data rows")
+    return Table(name, cols, table.num_rows)
+
+
+def _numeric(table: Table, name: str, what: str = "column") -> np.ndarray:
+    """Column ``name`` as float64, or a UsageError naming the column and the first bad value."""
+    vals = table.require(name, what)
+    if isinstance(vals, np.ndarray):
+        arr = vals.astype(np.float64)
+    else:
+        try:
+            arr = np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
+        except (ValueError, TypeError):
+            arr = None
+        if arr is None:
+            bad = []
+            for i, v in enumerate(vals):
+                try:
+                    float(v)
+                except (ValueError, TypeError):
+                    bad.append(i)
+            i = bad[0]
+            v = vals[i]
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            if v is None or str(v).strip() == "":
+                raise UsageError(f"{what} {name!r} has an empty value on {table.where(i)} of {table.path}{more}")
+            raise UsageError(f"{what} {name!r} has non-numeric value {v!r} on {table.where(i)} of {table.path}{more}")
+    bad = np.flatnonzero(~np.isfinite(arr))
+    if bad.size:
+        i = int(bad[0])
+        if isinstance(vals, np.ndarray):
+            shown = "a missing or non-finite value"
+        elif vals[i] is None:
+            shown = "an empty value"
+        else:
+            shown = f"non-finite value {vals[i]!r}"
+        more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
+        raise UsageError(f"{what} {name!r} has {shown} on {table.where(i)} of {table.path}{more}")
+    return arr
+
+
+def _split(s):
+    return [c.strip() for c in s.split(",") if c.strip()] if s else []
+
+
+def _fmt_label(v) -> str:
+    if isinstance(v, str):
+        return v.strip()
+    v = float(v)
+    return str(int(v)) if v.is_integer() else repr(v)
+
+
+def _labels(table: Table, name: str):
+    """Target values as label strings (numbers normalised, so '1' and '1.0' are one label), and
+    their float values when all of them are numbers (else None)."""
+    vals = table.require(name, "target column")
+    if isinstance(vals, np.ndarray):
+        _numeric(table, name, "target column")  # reports missing values
+        return [_fmt_label(v) for v in vals], vals.astype(np.float64)
+    out = []
+    for i, v in enumerate(vals):
+        if v is None or (isinstance(v, str) and not v.strip()):
+            raise UsageError(f"target column {name!r} has an empty value on {table.where(i)} of {table.path}")
+        out.append(v.strip() if isinstance(v, str) else v)
+    try:
+        num = np.array(out, dtype=np.float64)
+        if not np.all(np.isfinite(num)):
+            num = None
+    except (ValueError, TypeError):
+        num = None
+    if num is not None:
+        return [_fmt_label(v) for v in num], num
+    return [str(v) for v in out], None
+
+
+def _sort_labels(labels, numeric):
+    uniq = sorted(set(labels))
+    if numeric is not None:
+        uniq = sorted(uniq, key=float)
+    return uniq
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets and models
+# ---------------------------------------------------------------------------------------------
+def _encode_target(table, target, lik, levels=None, positive=None):
+    """(y codes for gpvi.fit, labels list or None)."""
+    if lik in ("bernoulli", "probit"):
+        if levels:
+            raise UsageError("--levels applies to --likelihood ordinal; use --positive for bernoulli/probit")
+        labels, numeric = _labels(table, target)
+        uniq = _sort_labels(labels, numeric)
+        if len(uniq) != 2:
+            if len(uniq) < 2:
+                raise UsageError(f"target column {target!r} has only one label {uniq[0]!r}: {lik} needs two "
+                                 "classes in the training data")
+            shown = ", ".join(repr(u) for u in uniq[:6]) + (", …" if len(uniq) > 6 else "")
+            raise UsageError(f"target column {target!r} has {len(uniq)} distinct labels ({shown}) but {lik} needs "
+                             "exactly 2 (use --likelihood ordinal for ordered levels)")
+        if positive is not None:
+            positive = _fmt_label(float(positive)) if numeric is not None and _is_number(positive) else positive
+            if positive not in uniq:
+                raise UsageError(f"--positive {positive!r} is not one of the labels {uniq} of target column {target!r}")
+            uniq = [u for u in uniq if u != positive] + [positive]
+        y = np.array([1.0 if v == uniq[1] else 0.0 for v in labels])
+        return y, uniq
+    if lik == "ordinal":
+        if positive is not None:
+            raise UsageError("--positive applies to --likelihood bernoulli/probit")
+        labels, numeric = _labels(table, target)
+        if levels:
+            order = [_fmt_label(float(v)) if numeric is not None and _is_number(v) else v for v in levels]
+            if len(set(order)) != len(order):
+                raise UsageError(f"--levels names a level twice: {levels}")
+            unknown = sorted(set(labels) - set(order))
+            if unknown:
+                raise UsageError(f"target column {target!r} has labels {unknown[:5]} that are not in --levels {order}")
+        elif numeric is None:
+            shown = sorted(set(labels))[:6]
+            raise UsageError(f"target column {target!r} has text labels {shown}: give their order with "
+                             "--levels LOW,MID,HIGH")
+        elif np.all(numeric == np.round(numeric)):
+            lo, hi = int(numeric.min()), int(numeric.max())
+            if hi - lo > 1000:
+                raise UsageError(f"target column {target!r} spans {hi - lo + 1} integer levels ({lo}..{hi}): too many "
+                                 "for an ordinal model (give --levels, or use poisson)")
+            order = [str(k) for k in range(lo, hi + 1)]
+        else:
+            order = _sort_labels(labels, numeric)
+        if len(order) < 2:
+            raise UsageError(f"target column {target!r} has only one level {order[0]!r}: ordinal needs at least two")
+        index = {lab: k for k, lab in enumerate(order)}
+        return np.array([float(index[v]) for v in labels]), order
+    if levels or positive is not None:
+        raise UsageError(f"--levels and --positive apply to classification likelihoods, not {lik}")
+    try:
+        return _numeric(table, target, "target column"), None
+    except UsageError as err:
+        if "non-numeric" in str(err):
+            raise UsageError(f"{err}: {lik} needs numbers (for class labels use bernoulli, probit or "
+                             "ordinal)") from None
+        raise
+
+
+def _is_number(s):
+    try:
+        float(s)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def _support_error(target, err):
+    msg = str(err).removeprefix("y ")
+    return UsageError(f"target column {target!r} {msg}" if not msg.startswith(("contains", "must")) else
+                      f"target column {target!r}: {msg}")
+
+
+def _make_likelihood(name, y_codes=None, n_levels=None):
+    from . import likelihoods as L
+
+    if name == "gaussian":
+        return L.Gaussian(variance=0.1)
+    if name == "bernoulli":
+        return L.Bernoulli(link="logit")
+    if name == "probit":
+        return L.Bernoulli(link="probit")
+    if name == "poisson":
+        return L.Poisson()
+    if name == "laplace":
+        return L.Laplace(scale=0.2)
+    if name == "studentt":
+        return L.StudentT(scale=0.2)
+    if name == "exponential":
+        return L.Exponential()
+    if name == "ordinal":
+        # Edges at the logits of the empirical cumulative level proportions (half a count added
+        # to every level so that empty levels still get distinct edges).
+        counts = np.bincount(y_codes.astype(int), minlength=n_levels) + 0.5
+        cum = np.cumsum(counts)[:-1] / counts.sum()
+        return L.Ordinal(edges=np.log(cum / (1.0 - cum)), shape=1.0)
+    raise UsageError(f"unknown likelihood {name!r}; choose from {', '.join(LIKELIHOODS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# gpvi fit
+# ---------------------------------------------------------------------------------------------
+def _default_out(data: str) -> Path:
+    p = Path(data)
+    if p.suffix.lower() == ".gz":
+        p = p.with_suffix("")
+    return p.with_suffix(".gpvi")
+
+
+def _exposure(table, name, note=""):
+    table.require(name, "exposure column", note)
+    expo = _numeric(table, name, "exposure column")
+    if np.any(expo <= 0):
+        i = int(np.flatnonzero(expo <= 0)[0])
+        raise UsageError(f"exposure column {name!r} has a non-positive value {expo[i]:g} on "
+                         f"{table.where(i)} of {table.path}")
+    return expo
+
+
+def _check_writable(path: Path, what: str):
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {what} {path}: folder {parent} does not exist")
+    if path.is_dir():
+        raise UsageError(f"cannot write {what} {path}: it is a folder")
+
+
+def _show_progress(args):
+    return not args.quiet and sys.stderr.isatty()
+
+
+def cmd_fit(args) -> int:
+    import gpvi
+
+    out = Path(args.out) if args.out else _default_out(args.data)
+    _check_writable(out, "the model file")
+    table = read_table(args.data)
+    lik_name = args.likelihood
+    target = args.target
+    table.require(target, "target column")
+    drop = set(_split(args.drop))
+    for c in sorted(drop):
+        table.require(c, "--drop column")
+    used = {target} | ({args.exposure} if args.exposure else set())
+    if args.features:
+        features = _split(args.features)
+        for c in features:
+            table.require(c, "feature column")
+            if c in used:
+                raise UsageError(f"column {c!r} cannot be both a feature and the target/exposure")
+    else:
+        features = [c for c in table.columns if c not in used and c not in drop]
+    if not features:
+        raise UsageError(f"{table.path} has no feature columns besides the target {target!r}")
+
+    X = np.column_stack([_numeric(table, c, "feature column") for c in features])
+    y, labels = _encode_target(table, target, lik_name, _split(args.levels), args.positive)
+    offset = None
+    if args.exposure:
+        if lik_name not in LOG_LINK:
+            raise UsageError(f"--exposure applies to poisson and exponential, not {lik_name}")
+        offset = np.log(_exposure(table, args.exposure))
+
+    likelihood = _make_likelihood(lik_name, y, len(labels) if labels else None)
+    try:
+        likelihood.validate(y)  # support check, reported with the column's name
+    except ValueError as err:
+        raise _support_error(target, err) from None
+
+    N, D = X.shape
+    x_mean = X.mean(0)
+    x_scale = X.std(0)
+    x_scale = np.where(x_scale > 0, x_scale, 1.0)
+    Xs = (X - x_mean) / x_scale
+    y_mean, y_scale = 0.0, 1.0
+    if lik_name in STANDARDISED_TARGET:
+        y_mean = float(y.mean())
+        y_scale = float(y.std()) or 1.0
+        y = (y - y_mean) / y_scale
+    mean0 = 0.0
+    if lik_name in LOG_LINK:
+        rate = y.mean() / (np.mean(np.exp(offset)) if offset is not None else 1.0)
+        mean0 = float(np.log(max(rate, 1e-3)))
+
+    kind = args.model
+    if kind == "auto":
+        kind = "full" if N <= 1000 else "sparse"
+    if args.inducing is not None and kind != "sparse":
+        raise UsageError(f"--inducing applies to --model sparse, not {kind}")
+    intercept = False
+    latent_offset = 0.0
+    if kind == "glm":
+        intercept = lik_name != "ordinal"  # for ordinal the bin edges play the intercept's part
+        if intercept:
+            Xs = np.column_stack([Xs, np.ones(N)])
+        latent_offset = mean0
+        model = gpvi.GLM(likelihood=likelihood, prior_variance=1.0)
+    else:
+        kernel = gpvi.kernels.RBF(variance=1.0, lengthscale=np.full(D, math.sqrt(D)))
+        if kind == "sparse":
+            M = args.inducing
+            if M is None:
+                M = min(200, np.unique(Xs, axis=0).shape[0])
+            if M < 1:
+                raise UsageError(f"--inducing must be a positive number of inducing inputs, got {M}")
+            model = gpvi.SparseGP(kernel=kernel, likelihood=likelihood, inducing=int(M), mean=mean0)
+        else:
+            model = gpvi.GP(kernel=kernel, likelihood=likelihood, mean=mean0)
+    if latent_offset:
+        offset = (offset if offset is not None else 0.0) + np.full(N, latent_offset)
+
+    learn = False
+    if args.learn:
+        learn = gpvi.learnable_parameters(model)
+        if lik_name == "ordinal":  # shifts and scales of the latent are taken by edges and kernel
+            learn = [n for n in learn if n not in ("mean", "likelihood.shape")]
+        learn = learn or False
+    fit = gpvi.fit(model, Xs, y, engine=args.engine, learn_hyperparameters=learn, tol=args.tol,
+                   max_iter=args.max_iter, max_rounds=args.max_rounds, offset=offset, seed=args.seed,
+                   progress=_show_progress(args))
+    extra = {
+        "format": CLI_FORMAT, "version": CLI_VERSION, "model": kind, "likelihood": lik_name,
+        "target": target, "features": features, "x_mean": x_mean.tolist(), "x_scale": x_scale.tolist(),
+        "y_mean": y_mean, "y_scale": y_scale, "labels": labels, "intercept": intercept,
+        "latent_offset": latent_offset, "exposure": args.exposure or None, "data": str(args.data),
+    }
+    gpvi.io.save(fit, out, extra=extra)
+    if not args.quiet:
+        _print_fit_summary(fit, extra, table, out, args.max_rounds)
+    return 0
+
+
+def _describe_model(fit, kind):
+    if kind == "sparse":
+        return f"sparse GP ({np.shape(fit.model.inducing)[0]} inducing inputs, RBF ARD kernel)"
+    if kind == "full":
+        return "full GP (RBF ARD kernel)"
+    return "Bayesian GLM"
+
+
+def _fmt(v):
+    return f"{float(v):.4g}"
+
+
+def _print_fit_summary(fit, extra, table, out, max_rounds):
+    kind, lik = extra["model"], extra["likelihood"]
+    features = extra["features"]
+    print(f"gpvi fit: {_describe_model(fit, kind)}, {lik} likelihood, engine {fit.engine}")
+    tgt = f"target {extra['target']!r}"
+    if extra["labels"] is not None:
+        tgt += " (" + ", ".join(f"{lab} = {k}" for k, lab in enumerate(extra["labels"])) + ")"
+    print(f"  data          {table.path}: {table.nrows} rows, {len(features)} feature(s), {tgt}")
+    if fit.hyperparameter_rounds:
+        print(f"  iterations    {fit.hyperparameter_rounds} hyperparameter rounds (L-BFGS-B, each running {fit.engine} "
+              f"to convergence), {fit.evaluations} passes over the data; final {fit.engine} run: "
+              f"{fit.iterations} iteration(s)")
+    else:
+        print(f"  iterations    {fit.iterations} {fit.engine} iteration(s), {fit.evaluations} passes over the data")
+    print(f"  converged     {'yes' if fit.converged else 'NO'} ({fit.message})")
+    if fit.hyperparameter_rounds and fit.hyperparameter_rounds >= max_rounds:
+        print(f"  note          the hyperparameter optimiser stopped at --max-rounds {max_rounds}; raise it for a better fit")
+    print(f"  VLB           {fit.vlb:.6g} nats")
+    print(f"  time          {fit.seconds:.2f} s")
+    print("  hyperparameters (features standardised" +
+          ("; target standardised" if lik in STANDARDISED_TARGET else "") + ")")
+    for name, value in fit.model.parameters().items():
+        if name == "inducing":
+            continue
+        arr = np.atleast_1d(np.asarray(value, dtype=np.float64))
+        if name.endswith("lengthscale") and arr.size == len(features) and arr.size > 1:
+            if arr.size <= 10:
+                for f, v in zip(features, arr):
+                    print(f"    {name}[{f}]".ljust(36) + _fmt(v))
+            else:
+                lo, hi = int(np.argmin(arr)), int(np.argmax(arr))
+                print(f"    {name}".ljust(36) + f"{arr.size} values: min {_fmt(arr[lo])} ({features[lo]}), "
+                      f"median {_fmt(np.median(arr))}, max {_fmt(arr[hi])} ({features[hi]})")
+        elif arr.size == 1:
+            print(f"    {name}".ljust(36) + _fmt(arr[0]))
+        else:
+            print(f"    {name}".ljust(36) + "[" + ", ".join(_fmt(v) for v in arr) + "]")
+    print(f"wrote model to {out}")
+
+
+# ---------------------------------------------------------------------------------------------
+# gpvi predict
+# ---------------------------------------------------------------------------------------------
+def _load_cli_model(path):
+    import gpvi
+
+    p = Path(path)
+    if not p.exists():
+        raise UsageError(f"{path}: no such file")
+    if p.is_dir():
+        raise UsageError(f"{path} is a directory, not a model file")
+    obj, extra = gpvi.io.load(p, with_extra=True)
+    if not isinstance(obj, gpvi.FitResult) or extra.get("format") != CLI_FORMAT:
+        raise UsageError(f"{path} was not written by `gpvi fit` (it has no column information); "
+                         "load it in Python with gpvi.io.load")
+    if extra.get("version", 0) > CLI_VERSION:
+        raise UsageError(f"{path} was written by a newer gpvi; upgrade gpvi")
+    return obj, extra
+
+
+def _design(table, extra, model_path):
+    for c in extra["features"]:
+        if c not in table.columns:
+            table.require(c, "feature column", f" (used to fit {model_path})")
+    X = np.column_stack([_numeric(table, c, "feature column") for c in extra["features"]])
+    Xs = (X - np.asarray(extra["x_mean"])) / np.asarray(extra["x_scale"])
+    if extra["intercept"]:
+        Xs = np.column_stack([Xs, np.ones(Xs.shape[0])])
+    offset = None
+    if extra.get("exposure"):
+        offset = np.log(_exposure(table, extra["exposure"], f" (used to fit {model_path})"))
+    if extra.get("latent_offset"):
+        offset = (offset if offset is not None else 0.0) + np.full(Xs.shape[0], extra["latent_offset"])
+    return Xs, offset
+
+
+def predict_columns(fit, extra, Xs, offset) -> dict:
+    """The columns ``gpvi predict`` writes, as a dict of (N,) arrays / lists."""
+    lik = extra["likelihood"]
+    lm, lv = fit.predict_f(Xs, offset)
+    mean, var = fit.predict_y(Xs, offset)
+    s, mu = extra["y_scale"], extra["y_mean"]
+    if lik in STANDARDISED_TARGET:
+        mean, var = mean * s + mu, var * s**2
+        lm, lv = lm * s + mu, lv * s**2
+    cols = {"mean": mean, "variance": var, "latent_mean": lm, "latent_variance": lv}
+    if lik in CLASSIFIERS:
+        labels = extra["labels"]
+        proba = fit.predict_proba(Xs, offset)
+        for k, lab in enumerate(labels):
+            cols[f"p_{lab}"] = proba[:, k]
+        cols["label"] = [labels[k] for k in np.argmax(proba, axis=1)]
+    return cols
+
+
+def _score(fit, extra, table, Xs, offset, cols):
+    """One line of test metrics when the data has the target column, else None."""
+    import gpvi
+
+    target, lik = extra["target"], extra["likelihood"]
+    if target not in table.columns:
+        return None
+    try:
+        if lik in CLASSIFIERS:
+            labels, _ = _labels(table, target)
+            index = {lab: k for k, lab in enumerate(extra["labels"])}
+            unknown = sorted(set(labels) - set(index))
+            if unknown:
+                return f"target column {target!r} not scored: labels {unknown[:5]} unknown to the model"
+            codes = np.array([float(index[v]) for v in labels])
+            err = float(np.mean(np.asarray(cols["label"]) != np.asarray(labels)))
+            lpd = fit.log_predictive_density(Xs, codes, offset)
+            return f"scored on target {target!r} ({codes.size} rows): error rate {err:.4g}, NLPD {gpvi.metrics.nlpd(lpd):.4g}"
+        y = _numeric(table, target, "target column")
+        s, mu = extra["y_scale"], extra["y_mean"]
+        lpd = fit.log_predictive_density(Xs, (y - mu) / s, offset) - math.log(s)
+        mae = gpvi.metrics.mae(y, cols["mean"])
+        return f"scored on target {target!r} ({y.size} rows): MAE {mae:.4g}, NLPD {gpvi.metrics.nlpd(lpd):.4g}"
+    except (UsageError, ValueError) as err:
+        return f"target column {target!r} not scored: {err}"
+
+
+def _format_cell(v):
+    if isinstance(v, str):
+        return v
+    return repr(float(v))
+
+
+def _write_table(cols: dict, out):
+    names = list(cols)
+    n = len(next(iter(cols.values())))
+    if out is not None and Path(out).suffix.lower() in PARQUET_SUFFIXES:
+        try:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UsageError('writing Parquet files needs pyarrow, which is not installed: '
+                             'pip install "gpvi[parquet]"') from None
+        pq.write_table(pa.table({k: (list(v) if isinstance(v, list) else np.asarray(v)) for k, v in cols.items()}),
+                       out)
+        return
+    fh = sys.stdout if out is None else open(out, "w", newline="", encoding="utf-8")
+    try:
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(names)
+        columns = [cols[k] for k in names]
+        for i in range(n):
+            w.writerow([_format_cell(c[i]) for c in columns])
+    finally:
+        if out is not None:
+            fh.close()
+        else:
+            fh.flush()
+
+
+def cmd_predict(args) -> int:
+    out = Path(args.out) if args.out and args.out != "-" else None
+    if out is not None:
+        _check_writable(out, "the predictions")
+    fit, extra = _load_cli_model(args.model)
+    table = read_table(args.data)
+    keep = _split(args.keep)
+    for c in keep:
+        table.require(c, "--keep column")
+    Xs, offset = _design(table, extra, args.model)
+    pred = predict_columns(fit, extra, Xs, offset)
+    cols = {}
+    for c in keep:
+        v = table.columns[c]
+        cols[c] = [_fmt_label(x) if not isinstance(x, str) and x is not None else (x or "") for x in v]
+    for k, v in pred.items():
+        cols[k if k not in cols else f"{k}_pred"] = v
+    _write_table(cols, out)
+    if not args.quiet:
+        line = _score(fit, extra, table, Xs, offset, pred)
+        where = str(out) if out is not None else "stdout"
+        print(f"gpvi predict: {table.nrows} predictions ({', '.join(pred)}) written to {where}", file=sys.stderr)
+        if line:
+            print(line, file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# gpvi demo
+# ---------------------------------------------------------------------------------------------
+def run_demo(out_dir=".", inducing: int = 25, plot: bool = True, echo=print):
+    """Fit the bundled coal-mining counts with fpi and gradient; returns a dict of results."""
+    import gpvi
+    from .data import coal_mining_counts
+
+    t_start = time.perf_counter()
+    years, counts = coal_mining_counts()
+    test = (np.arange(years.size) % 5) == 4  # every 5th year held out: 1855, 1860, …
+    X = years[:, None].astype(np.float64)
+    y = counts.astype(np.float64)
+    Xtr, ytr, Xte, yte = X[~test], y[~test], X[test], y[test]
+    if not 1 <= inducing <= Xtr.shape[0]:
+        raise UsageError(f"--inducing must be between 1 and {Xtr.shape[0]} (the training years), got {inducing}")
+    Z = np.linspace(years[0], years[-1], inducing)[:, None]
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(variance=1.0, lengthscale=10.0),
+                          likelihood=gpvi.likelihoods.Poisson(), inducing=Z, mean=float(np.log(ytr.mean())))
+    echo(f"gpvi demo: British coal-mining disasters 1851-1962 ({int(counts.sum())} events, shipped with gpvi; "
+         "Apache-2.0, see gpvi/data/NOTICE.md)")
+    echo(f"yearly counts, {Xtr.shape[0]} years for training and {Xte.shape[0]} held out (every 5th year); "
+         f"Poisson sparse GP, RBF kernel, {inducing} inducing inputs; kernel variance, lengthscale and mean learned")
+    fits, rows = {}, []
+    for engine in ("fpi", "gradient"):
+        # Compile first (same shapes, so the same XLA programs), so the timing compares engines.
+        gpvi.fit(model, Xtr, ytr, engine=engine, learn_hyperparameters=True, max_rounds=2, max_iter=5)
+        secs, fit = np.inf, None
+        for _ in range(3):  # best of 3 (the fits take a fraction of a second); its trace is plotted
+            t = time.perf_counter()
+            trial = gpvi.fit(model, Xtr, ytr, engine=engine, learn_hyperparameters=True, tol=1e-8)
+            if time.perf_counter() - t < secs:
+                secs, fit = time.perf_counter() - t, trial
+        mean, _ = fit.predict_y(Xte)
+        rows.append((engine, fit.hyperparameter_rounds, fit.evaluations, fit.vlb, gpvi.metrics.mae(yte, mean),
+                     gpvi.metrics.nlpd(fit.log_predictive_density(Xte, yte)), secs))
+        fits[engine] = fit
+    base_rate = ytr.mean()
+    from scipy.stats import poisson
+
+    base_mae = gpvi.metrics.mae(yte, np.full(yte.size, base_rate))
+    base_nlpd = float(-np.mean(poisson.logpmf(yte, base_rate)))
+    echo("")
+    header = f"{'engine':<10}{'rounds':>7}{'data passes':>13}{'VLB (nats)':>13}{'test MAE':>10}{'test NLPD':>11}{'seconds':>9}"
+    echo(header)
+    echo("-" * len(header))
+    for engine, rounds, passes, vlb, mae, nlpd, secs in rows:
+        echo(f"{engine:<10}{rounds:>7}{passes:>13}{vlb:>13.4f}{mae:>10.3f}{nlpd:>11.3f}{secs:>9.3f}")
+    echo(f"{'constant':<10}{'':>7}{'':>13}{'':>13}{base_mae:>10.3f}{base_nlpd:>11.3f}{'':>9}")
+    echo("")
+    echo("rounds: L-BFGS-B iterations on the hyperparameters, each running the engine to convergence (warm-started);")
+    echo("data passes: passes over the training data by the engine, all runs included; constant: the training")
+    echo("mean rate, for comparison.  Seconds: best of 3 fits, excluding JAX compilation (each engine was run")
+    echo("once before timing).")
+    p = fits["fpi"].model.parameters()
+    echo(f"learned (fpi): kernel variance {float(p['kernel.variance']):.3g}, lengthscale "
+         f"{float(p['kernel.lengthscale']):.3g} years, mean log-rate {float(p['mean']):.3g}")
+    png = None
+    if plot:
+        png = Path(out_dir) / "gpvi-demo.png"
+        _demo_plot(fits, Xtr, ytr, Xte, yte, png)
+        echo(f"wrote {png} (VLB against time for both engines; posterior disaster rate)")
+    echo(f"total time {time.perf_counter() - t_start:.1f} s, JAX compilation included")
+    return {"fits": fits, "rows": rows, "png": png}
+
+
+def _demo_plot(fits, Xtr, ytr, Xte, yte, png):
+    from matplotlib.figure import Figure
+
+    from .plots import plot_posterior_1d, plot_traces
+
+    fig = Figure(figsize=(12, 4.5), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2, width_ratios=[1, 1.4])
+    plot_traces(fits, ax=ax1)
+    ax1.set_title("VLB during hyperparameter learning")
+    plot_posterior_1d(fits["fpi"], Xtr, ytr, ax=ax2)
+    ax2.plot(Xte[:, 0], yte, "x", color="tab:orange", markersize=5, label="held-out years")
+    ax2.set_xlabel("year")
+    ax2.set_ylabel("disasters per year")
+    ax2.set_title("Posterior disaster rate (fpi)")
+    ax2.legend(loc="upper right")
+    fig.savefig(png, dpi=110)
+
+
+def cmd_demo(args) -> int:
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out-dir {out_dir} is a file, not a folder")
+    plot = not args.no_plot
+    if plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise UsageError('gpvi demo draws its plot with matplotlib, which is not installed: '
+                             'pip install "gpvi[plot]" (or run gpvi demo --no-plot)') from None
+        out_dir.mkdir(parents=True, exist_ok=True)
+    echo = (lambda *a, **k: None) if args.quiet else print
+    run_demo(out_dir, inducing=args.inducing, plot=plot, echo=echo)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser and entry point
+# ---------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true",
+                        help="no progress display and no summary (errors are still reported)")
+    parser = argparse.ArgumentParser(
+        prog="gpvi", description="Variational inference for GPs and latent Gaussian models with any likelihood.",
+        epilog="Run `gpvi COMMAND -h` for the options of a command.")
+    parser.add_argument("--version", action="version", version=f"gpvi {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    f = sub.add_parser("fit", parents=[common], help="fit a model to a CSV or Parquet file and write a model file",
+                       description="Fit a model to DATA (CSV with a header line, or Parquet). Features are "
+                                   "standardised; every column except the target is a feature unless "
+                                   "--features/--drop say otherwise.")
+    f.add_argument("data", metavar="DATA", help="CSV (.csv, .tsv, optionally .gz) or Parquet (.parquet) file")
+    f.add_argument("-t", "--target", required=True, metavar="COL", help="the column to predict")
+    f.add_argument("-l", "--likelihood", required=True, choices=LIKELIHOODS, metavar="NAME",
+                   help="one of: " + ", ".join(LIKELIHOODS))
+    f.add_argument("-m", "--model", choices=MODELS, default="sparse",
+                   help="sparse GP (default), full GP, Bayesian GLM, or auto (full GP when N <= 1000, else sparse)")
+    f.add_argument("-e", "--engine", choices=ENGINES, default="fpi", help="inference engine (default fpi)")
+    f.add_argument("-M", "--inducing", type=int, metavar="M",
+                   help="inducing inputs of the sparse GP (default min(200, N)), placed by k-means")
+    f.add_argument("-o", "--out", metavar="MODEL", help="model file to write (default: DATA with suffix .gpvi)")
+    f.add_argument("--features", metavar="COLS", help="comma-separated feature columns (default: all but the target)")
+    f.add_argument("--drop", metavar="COLS", help="comma-separated columns to leave out of the features")
+    f.add_argument("--exposure", metavar="COL", help="exposure column for poisson/exponential (offset log COL)")
+    f.add_argument("--levels", metavar="L1,L2,...", help="order of the ordinal levels, lowest first "
+                   "(default: the integers from the smallest to the largest label)")
+    f.add_argument("--positive", metavar="LABEL", help="the positive class for bernoulli/probit "
+                   "(default: the larger number, or the later label in sorted order)")
+    f.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
+                   help="learn kernel and likelihood hyperparameters (default: --learn)")
+    f.add_argument("--tol", type=float, default=1e-6, help="relative VLB tolerance (default 1e-6)")
+    f.add_argument("--max-iter", type=int, default=500, help="iteration limit of each engine run (default 500)")
+    f.add_argument("--max-rounds", type=int, default=100,
+                   help="iteration limit of the hyperparameter optimiser (default 100)")
+    f.add_argument("--seed", type=int, default=0, help="seed of the k-means placement of inducing inputs")
+    f.set_defaults(func=cmd_fit)
+
+    p = sub.add_parser("predict", parents=[common], help="predict with a model file; writes CSV",
+                       description="Predict at the rows of DATA with a model written by `gpvi fit`. Writes "
+                                   "columns mean, variance (of y), latent_mean, latent_variance, and for "
+                                   "bernoulli/probit/ordinal a probability column p_<label> per class and the "
+                                   "most probable label. When DATA has the target column, test metrics are "
+                                   "printed to stderr.")
+    p.add_argument("model", metavar="MODEL", help="model file written by gpvi fit")
+    p.add_argument("data", metavar="DATA", help="CSV or Parquet file with the model's feature columns")
+    p.add_argument("-o", "--out", metavar="FILE", help="output file, CSV (or .parquet); default: stdout")
+    p.add_argument("--keep", metavar="COLS", help="comma-separated input columns to copy to the output (e.g. an id)")
+    p.set_defaults(func=cmd_predict)
+
+    d = sub.add_parser("demo", parents=[common], help="fit the bundled coal-mining data with fpi and gradient",
+                       description="Fit a Poisson sparse GP to the yearly coal-mining disaster counts that ship "
+                                   "with gpvi, with the fpi and gradient engines; print a table and write "
+                                   "gpvi-demo.png.")
+    d.add_argument("--out-dir", default=".", metavar="DIR", help="folder for gpvi-demo.png (default: current)")
+    d.add_argument("-M", "--inducing", type=int, default=25, metavar="M", help="inducing inputs (default 25)")
+    d.add_argument("--no-plot", action="store_true", help="print the table only (no matplotlib needed)")
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _one_line(msg) -> str:
+    return " ".join(str(msg).split())
+
+
+def main(argv=None) -> int:
+    """Run the ``gpvi`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version, usage errors (exit 2)
+        return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
+    try:
+        return args.func(args)
+    except UsageError as err:
+        print(f"gpvi: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except np.linalg.LinAlgError as err:
+        print(f"gpvi: error: the fit failed: {_one_line(err)}", file=sys.stderr)
+        return EXIT_FIT_FAILED
+    except ValueError as err:  # gpvi's own input checks (model files, data, settings)
+        print(f"gpvi: error: {_one_line(err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as err:
+        where = f"{err.filename}: " if getattr(err, "filename", None) else ""
+        print(f"gpvi: error: {where}{_one_line(err.strerror or err)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("gpvi: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

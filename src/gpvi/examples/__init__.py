@@ -1,1 +1,0 @@
-"""Small, self-contained examples; ``python -m gpvi.examples`` runs the quick-start fit."""

@@ -1,0 +1,394 @@
+"""The `gpvi` command line: fit → predict on CSV/Parquet files, the demo, and every bad-input case
+(exit code 2, one line on stderr naming the problem, no traceback)."""
+import csv
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpvi
+from gpvi.cli import main
+
+
+def write_csv(path, header, rows):
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def read_csv(path):
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    return rows[0], rows[1:]
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def assert_bad_input(rc, err, *needles):
+    assert rc == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("gpvi: error: ")
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+# --------------------------------------------------------------------------------------- data
+@pytest.fixture(scope="module")
+def breast_csv(tmp_path_factory):
+    from sklearn.datasets import load_breast_cancer
+
+    d = load_breast_cancer()
+    names = [n.replace(" ", "_") for n in d.feature_names]
+    rows = [[repr(float(v)) for v in x] + [d.target_names[t]] for x, t in zip(d.data, d.target)]
+    path = tmp_path_factory.mktemp("bc") / "breast_cancer.csv"
+    return write_csv(path, names + ["diagnosis"], rows), names, np.asarray(d.target_names)[d.target]
+
+
+@pytest.fixture(scope="module")
+def breast_model(breast_csv):
+    path, _, _ = breast_csv
+    out = path.with_suffix(".gpvi")
+    assert main(["fit", str(path), "-t", "diagnosis", "-l", "bernoulli", "-M", "10", "--max-rounds", "6",
+                 "-q", "-o", str(out)]) == 0
+    assert out.exists()
+    return out
+
+
+@pytest.fixture(scope="module")
+def poisson_csv(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    X = rng.uniform(-2, 2, (250, 2))
+    rate = np.exp(0.8 + np.sin(1.5 * X[:, 0]) + 0.4 * X[:, 1])
+    y = rng.poisson(rate)
+    path = tmp_path_factory.mktemp("pois") / "counts.csv"
+    rows = [[f"{a:.6f}", f"{b:.6f}", int(c), f"{r:.6f}"] for (a, b), c, r in zip(X, y, rate)]
+    return write_csv(path, ["x1", "x2", "count", "truth"], rows)
+
+
+# ------------------------------------------------------------------------- fit → predict runs
+def test_breast_cancer_fit_then_predict(breast_csv, tmp_path, capsys):
+    path, _, labels = breast_csv
+    model = tmp_path / "bc.gpvi"
+    rc, out, err = run(capsys, "fit", path, "--target", "diagnosis", "--likelihood", "bernoulli",
+                       "--inducing", "10", "--max-rounds", "6", "--out", model)
+    assert rc == 0, err
+    for word in ("iterations", "VLB", "time", "hyperparameters", "kernel.lengthscale", "benign = 0",
+                 "malignant = 1", f"wrote model to {model}"):
+        assert word in out
+    assert model.exists()
+    assert err == ""  # no progress display when stderr is not a terminal
+
+    pred = tmp_path / "pred.csv"
+    rc, out, err = run(capsys, "predict", model, path, "--out", pred)
+    assert rc == 0, err
+    assert "error rate" in err and "569 predictions" in err
+    header, rows = read_csv(pred)
+    assert header == ["mean", "variance", "latent_mean", "latent_variance", "p_benign", "p_malignant", "label"]
+    assert len(rows) == 569
+    num = np.array([[float(v) for v in r[:6]] for r in rows])
+    p = num[:, 4:6]
+    assert np.all((p >= 0) & (p <= 1))
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-9)
+    np.testing.assert_allclose(num[:, 0], p[:, 1])  # mean = P(positive class)
+    assert np.all(num[:, 1] >= 0) and np.all(num[:, 3] > 0)
+    predicted = np.array([r[6] for r in rows])
+    assert set(predicted) <= {"benign", "malignant"}
+    accuracy = np.mean(predicted == labels)
+    assert accuracy > 0.9  # chance (majority class) is 0.63
+
+
+def test_poisson_fit_then_predict(poisson_csv, tmp_path, capsys):
+    rc, out, err = run(capsys, "fit", poisson_csv, "-t", "count", "-l", "poisson", "--drop", "truth", "-M", "15",
+                       "--max-rounds", "10")
+    assert rc == 0, err
+    model = poisson_csv.with_suffix(".gpvi")  # default: next to the data
+    assert model.exists() and "2 feature(s)" in out
+    rc, out, err = run(capsys, "predict", model, poisson_csv, "--keep", "truth")  # CSV to stdout
+    assert rc == 0, err
+    rows = list(csv.reader(out.splitlines()))
+    assert rows[0] == ["truth", "mean", "variance", "latent_mean", "latent_variance"]
+    arr = np.array(rows[1:], dtype=float)
+    truth, mean, var = arr[:, 0], arr[:, 1], arr[:, 2]
+    assert arr.shape[0] == 250
+    assert np.all(mean > 0) and np.all(var >= mean)  # Poisson mixture: variance ≥ mean
+    assert np.corrcoef(mean, truth)[0, 1] > 0.9
+    np.testing.assert_allclose(mean, np.exp(arr[:, 3] + arr[:, 4] / 2), rtol=1e-10)
+    assert "MAE" in err and "NLPD" in err
+
+
+def test_ordinal_text_labels_with_levels(tmp_path, capsys):
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-3, 3, 90)
+    lev = np.digitize(x + 0.3 * rng.normal(size=x.size), [-1.0, 1.0])
+    names = np.array(["low", "mid", "high"])[lev]
+    path = write_csv(tmp_path / "ord.csv", ["x", "grade"], [[f"{a:.5f}", n] for a, n in zip(x, names)])
+    rc, _, err = run(capsys, "fit", path, "-t", "grade", "-l", "ordinal", "-M", "8", "--max-rounds", "5", "-q")
+    assert_bad_input(rc, err, "grade", "--levels")  # text labels need their order
+    rc, out, err = run(capsys, "fit", path, "-t", "grade", "-l", "ordinal", "--levels", "low,mid,high",
+                       "-M", "6", "--max-rounds", "4")
+    assert rc == 0, err
+    assert "likelihood.edges" in out and "low = 0, mid = 1, high = 2" in out
+    pred = tmp_path / "ord_pred.csv"
+    rc, _, err = run(capsys, "predict", path.with_suffix(".gpvi"), path, "-o", pred)
+    assert rc == 0, err
+    header, rows = read_csv(pred)
+    assert header == ["mean", "variance", "latent_mean", "latent_variance", "p_low", "p_mid", "p_high", "label"]
+    p = np.array([[float(v) for v in r[4:7]] for r in rows])
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-8)
+    assert np.mean(np.array([r[7] for r in rows]) == names) > 0.7
+
+
+def test_gaussian_target_is_standardised_and_restored(tmp_path, capsys):
+    rng = np.random.default_rng(7)
+    x = rng.uniform(0, 6, 150)
+    y = 1000.0 + 50.0 * np.sin(x) + rng.normal(0, 5.0, x.size)
+    path = write_csv(tmp_path / "reg.csv", ["x", "y"], [[a, b] for a, b in zip(x, y)])
+    rc, out, err = run(capsys, "fit", path, "-t", "y", "-l", "gaussian", "-M", "12", "-q")
+    assert rc == 0 and out == "", err
+    rc, out, err = run(capsys, "predict", path.with_suffix(".gpvi"), path, "-q")
+    assert rc == 0 and err == ""
+    arr = np.array(list(csv.reader(out.splitlines()))[1:], dtype=float)
+    assert np.mean(np.abs(arr[:, 0] - y)) < 8.0  # in the original units
+    assert np.all(arr[:, 1] > arr[:, 3])  # predictive variance = latent + noise
+    np.testing.assert_allclose(arr[:, 0], arr[:, 2])  # identity link
+
+
+def test_model_auto_glm_and_numeric_labels(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    X = rng.normal(size=(200, 3))
+    y = (X @ [1.5, -1.0, 0.5] + 0.3 * rng.normal(size=200) > 0).astype(int) * 2 - 1  # labels -1/+1
+    path = write_csv(tmp_path / "lin.csv", ["a", "b", "c", "y"], [[*r, t] for r, t in zip(X, y)])
+    rc, out, err = run(capsys, "fit", path, "-t", "y", "-l", "probit", "--model", "auto", "--no-learn")
+    assert rc == 0, err
+    assert "full GP" in out and "-1 = 0, 1 = 1" in out
+    rc, out, err = run(capsys, "fit", path, "-t", "y", "-l", "bernoulli", "--model", "glm", "-o", tmp_path / "g.gpvi")
+    assert rc == 0, err
+    assert "Bayesian GLM" in out and "prior_variance" in out
+    rc, out, err = run(capsys, "predict", tmp_path / "g.gpvi", path)
+    rows = list(csv.reader(out.splitlines()))
+    assert rows[0][-3:] == ["p_-1", "p_1", "label"]
+    assert np.mean(np.array([r[-1] for r in rows[1:]]) == y.astype(str)) > 0.85
+
+
+def test_parquet_in_and_out(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(4)
+    x = rng.uniform(0, 1, 80)
+    counts = rng.poisson(np.exp(1 + x))
+    data = tmp_path / "d.parquet"
+    pq.write_table(pa.table({"x": x, "n": counts, "site": [f"s{i}" for i in range(80)]}), data)
+    rc, _, err = run(capsys, "fit", data, "-t", "n", "-l", "poisson", "-m", "glm", "--drop", "site", "-q")
+    assert rc == 0, err
+    out = tmp_path / "p.parquet"
+    rc, _, err = run(capsys, "predict", data.with_suffix(".gpvi"), data, "--keep", "site", "-o", out)
+    assert rc == 0, err
+    t = pq.read_table(out)
+    assert t.column_names == ["site", "mean", "variance", "latent_mean", "latent_variance"]
+    assert t.num_rows == 80 and np.all(t.column("mean").to_numpy() > 0)
+
+
+def test_exposure_column(tmp_path, capsys):
+    rng = np.random.default_rng(8)
+    x = rng.uniform(0, 1, 120)
+    expo = rng.choice([1.0, 10.0], 120)
+    n = rng.poisson(expo * np.exp(x))
+    path = write_csv(tmp_path / "e.csv", ["x", "years", "n"], [[a, e, c] for a, e, c in zip(x, expo, n)])
+    rc, _, err = run(capsys, "fit", path, "-t", "n", "-l", "poisson", "-m", "glm", "--exposure", "years", "-q")
+    assert rc == 0, err
+    rc, out, err = run(capsys, "predict", path.with_suffix(".gpvi"), path, "-q")
+    mean = np.array([float(r[0]) for r in list(csv.reader(out.splitlines()))[1:]])
+    ratio = mean / np.exp(x)
+    assert np.all(np.abs(ratio[expo == 10] / 10 - 1) < 0.35) and np.all(np.abs(ratio[expo == 1] - 1) < 0.35)
+    nox = write_csv(tmp_path / "nox.csv", ["x"], [[a] for a in x])
+    rc, _, err = run(capsys, "predict", path.with_suffix(".gpvi"), nox)
+    assert_bad_input(rc, err, "exposure column 'years'", "not found in")
+    zero = write_csv(tmp_path / "zero.csv", ["x", "years", "n"], [[0.5, 0, 1]])
+    rc, _, err = run(capsys, "fit", zero, "-t", "n", "-l", "poisson", "--exposure", "years")
+    assert_bad_input(rc, err, "exposure column 'years'", "non-positive value 0")
+
+
+def test_missing_optional_dependencies_name_the_extra(tmp_path, capsys, monkeypatch):
+    data = tmp_path / "d.parquet"
+    data.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow → ImportError
+    rc, _, err = run(capsys, "fit", data, "-t", "n", "-l", "poisson")
+    assert_bad_input(rc, err, "pyarrow", 'pip install "gpvi[parquet]"')
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rc, _, err = run(capsys, "demo", "--out-dir", tmp_path)
+    assert_bad_input(rc, err, "matplotlib", 'pip install "gpvi[plot]"', "--no-plot")
+
+
+def test_progress_only_on_a_terminal_and_not_quiet(poisson_csv, tmp_path, capsys, monkeypatch):
+    seen = []
+    real_fit = gpvi.fit
+
+    def spy(*a, progress=False, **k):
+        seen.append(progress)
+        return real_fit(*a, progress=False, **k)
+
+    monkeypatch.setattr(gpvi, "fit", spy)
+    args = ["fit", poisson_csv, "-t", "count", "-l", "poisson", "--drop", "truth", "-m", "glm", "-o",
+            tmp_path / "m.gpvi"]
+    assert run(capsys, *args)[0] == 0
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    assert run(capsys, *args)[0] == 0
+    assert run(capsys, *args, "--quiet")[0] == 0
+    assert seen == [False, True, False]
+
+
+def test_demo_prints_table_and_writes_plot(tmp_path, capsys):
+    rc, out, err = run(capsys, "demo", "--out-dir", tmp_path)
+    assert rc == 0, err
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith("engine"))
+    for col in ("rounds", "VLB", "test MAE", "test NLPD", "seconds"):
+        assert col in header
+    rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] in (["fpi"], ["gradient"])}
+    assert set(rows) == {"fpi", "gradient"}
+    vlb = {k: float(v[3]) for k, v in rows.items()}
+    assert abs(vlb["fpi"] - vlb["gradient"]) < 1e-3  # same bound, same optimum
+    assert all(float(v[4]) < 1.3 for v in rows.values())  # better than the constant rate (MAE ≈ 1.39)
+    assert "compilation" in out
+    png = tmp_path / "gpvi-demo.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
+
+
+# ------------------------------------------------------------------------------- bad input
+def test_bad_input_fit(breast_csv, poisson_csv, tmp_path, capsys):
+    path, _, _ = breast_csv
+    fit = ["fit", "-M", "5", "--max-rounds", "2"]
+    cases = []
+    # missing target column
+    cases.append(([*fit, path, "-t", "Diagnosis", "-l", "bernoulli"], ["target column 'Diagnosis' not found",
+                                                                     "did you mean 'diagnosis'"]))
+    # non-numeric and empty feature values
+    bad = write_csv(tmp_path / "nonnum.csv", ["a", "b", "y"], [["1", "2", "0"], ["3", "abc", "1"], ["2", "1", "1"]])
+    cases.append(([*fit, bad, "-t", "y", "-l", "bernoulli"], ["column 'b'", "non-numeric value 'abc'", "line 3"]))
+    empty = write_csv(tmp_path / "empty_cell.csv", ["a", "y"], [["1", "0"], ["", "1"], ["2", "1"]])
+    cases.append(([*fit, empty, "-t", "y", "-l", "bernoulli"], ["column 'a'", "empty value", "line 3"]))
+    nan = write_csv(tmp_path / "nan.csv", ["a", "y"], [["1", "0"], ["nan", "1"], ["2", "1"]])
+    cases.append(([*fit, nan, "-t", "y", "-l", "bernoulli"], ["column 'a'", "non-finite value 'nan'"]))
+    # labels outside the support
+    three = write_csv(tmp_path / "three.csv", ["a", "y"], [["1", "x"], ["2", "y"], ["3", "z"], ["4", "x"]])
+    cases.append(([*fit, three, "-t", "y", "-l", "bernoulli"], ["target column 'y'", "3 distinct labels", "exactly 2"]))
+    one = write_csv(tmp_path / "one.csv", ["a", "y"], [["1", "x"], ["2", "x"]])
+    cases.append(([*fit, one, "-t", "y", "-l", "probit"], ["target column 'y'", "only one label 'x'"]))
+    neg = write_csv(tmp_path / "neg.csv", ["a", "n"], [["1", "2"], ["2", "-1"], ["3", "0"]])
+    cases.append(([*fit, neg, "-t", "n", "-l", "poisson"], ["target column 'n'", "[-1.0]", "Poisson support"]))
+    frac = write_csv(tmp_path / "frac.csv", ["a", "n"], [["1", "2"], ["2", "1.5"], ["3", "0"]])
+    cases.append(([*fit, frac, "-t", "n", "-l", "poisson"], ["target column 'n'", "[1.5]", "Poisson support"]))
+    word = write_csv(tmp_path / "word.csv", ["a", "n"], [["1", "2"], ["2", "many"]])
+    cases.append(([*fit, word, "-t", "n", "-l", "poisson"], ["target column 'n'", "non-numeric value 'many'"]))
+    ordl = write_csv(tmp_path / "ordl.csv", ["a", "g"], [["1", "lo"], ["2", "hi"], ["3", "huge"]])
+    cases.append(([*fit, ordl, "-t", "g", "-l", "ordinal", "--levels", "lo,hi"], ["target column 'g'", "'huge'",
+                                                                                 "--levels"]))
+    # missing or malformed files
+    cases.append(([*fit, tmp_path / "nope.csv", "-t", "y", "-l", "poisson"], ["nope.csv: no such file"]))
+    ragged = tmp_path / "ragged.csv"
+    ragged.write_text("a,b,y\n1,2,0\n3,1\n")
+    cases.append(([*fit, ragged, "-t", "y", "-l", "bernoulli"], ["ragged.csv line 3", "2 fields", "3 columns"]))
+    blank = tmp_path / "blank.csv"
+    blank.write_text("")
+    cases.append(([*fit, blank, "-t", "y", "-l", "poisson"], ["blank.csv is empty"]))
+    binary = tmp_path / "binary.csv"
+    binary.write_bytes(b"\xff\xfe\x00\x81garbage")
+    cases.append(([*fit, binary, "-t", "y", "-l", "poisson"], ["binary.csv is not a UTF-8 text CSV file"]))
+    # options that do not fit together / bad output path
+    cases.append(([*fit, poisson_csv, "-t", "count", "-l", "poisson", "-m", "full"], ["--inducing", "sparse"]))
+    cases.append(([*fit, poisson_csv, "-t", "count", "-l", "poisson", "--features", "x1,x3"],
+                  ["feature column 'x3' not found"]))
+    cases.append(([*fit, poisson_csv, "-t", "count", "-l", "poisson", "-o", tmp_path / "no" / "m.gpvi"],
+                  ["folder", "does not exist"]))
+    cases.append(([*fit, poisson_csv, "-t", "count", "-l", "poisson", "-M", "100000"],
+                  ["inducing", "M = 100000"]))
+    for argv, needles in cases:
+        rc, _, err = run(capsys, *argv)
+        assert_bad_input(rc, err, *needles)
+
+
+def test_bad_input_predict(breast_csv, breast_model, tmp_path, capsys):
+    path, _, _ = breast_csv
+    header, rows = read_csv(path)
+    # a feature column missing at predict time
+    drop = header.index("mean_texture")
+    missing = write_csv(tmp_path / "missing.csv", header[:drop] + header[drop + 1:],
+                        [r[:drop] + r[drop + 1:] for r in rows[:5]])
+    rc, _, err = run(capsys, "predict", breast_model, missing)
+    assert_bad_input(rc, err, "feature column", "'mean_texture'", "not found in", "missing.csv")
+    # non-numeric feature value at predict time
+    bad_rows = [list(r) for r in rows[:4]]
+    bad_rows[2][0] = "twelve"
+    nonnum = write_csv(tmp_path / "nonnum.csv", header, bad_rows)
+    rc, _, err = run(capsys, "predict", breast_model, nonnum)
+    assert_bad_input(rc, err, "'mean_radius'", "non-numeric value 'twelve'", "line 4")
+    # missing and corrupt model files
+    rc, _, err = run(capsys, "predict", tmp_path / "none.gpvi", path)
+    assert_bad_input(rc, err, "none.gpvi: no such file")
+    corrupt = tmp_path / "corrupt.gpvi"
+    corrupt.write_bytes(breast_model.read_bytes()[:300])
+    rc, _, err = run(capsys, "predict", corrupt, path)
+    assert_bad_input(rc, err, "corrupt.gpvi", "not a readable gpvi model file")
+    text = tmp_path / "text.gpvi"
+    text.write_text("hello")
+    rc, _, err = run(capsys, "predict", text, path)
+    assert_bad_input(rc, err, "text.gpvi", "not a readable gpvi model file")
+    # a valid model file without the command line's column metadata
+    X = np.linspace(0, 1, 20)[:, None]
+    plain = gpvi.fit(gpvi.GLM(likelihood=gpvi.likelihoods.Poisson()), X, np.arange(20) % 3)
+    gpvi.io.save(plain, tmp_path / "plain.gpvi")
+    rc, _, err = run(capsys, "predict", tmp_path / "plain.gpvi", path)
+    assert_bad_input(rc, err, "not written by `gpvi fit`")
+    # data file missing
+    rc, _, err = run(capsys, "predict", breast_model, tmp_path / "absent.csv")
+    assert_bad_input(rc, err, "absent.csv: no such file")
+
+
+def test_usage_errors_exit_2(capsys):
+    rc, out, err = run(capsys, "fit", "x.csv", "-t", "y", "-l", "poissson")
+    assert rc == 2 and "invalid choice: 'poissson'" in err and "Traceback" not in err
+    rc, out, err = run(capsys, "fit", "x.csv", "-l", "poisson")
+    assert rc == 2 and "--target" in err
+    rc, out, err = run(capsys)
+    assert rc == 2
+    rc, out, err = run(capsys, "--help")
+    assert rc == 0 and "fit" in out and "predict" in out and "demo" in out
+
+
+def test_installed_script(tmp_path):
+    """The console script `gpvi` is installed and reports bad input as one line, exit code 2."""
+    exe = shutil.which("gpvi", path=str(Path(sys.executable).parent)) or shutil.which("gpvi")
+    assert exe, "the `gpvi` command is not installed: pip install -e ."
+    proc = subprocess.run([exe, "predict", str(tmp_path / "m.gpvi"), str(tmp_path / "d.csv")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"gpvi: error: {tmp_path / 'm.gpvi'}: no such file"
+
+
+# ------------------------------------------------------------------- gpvi.io extra metadata
+def test_io_extra_metadata_round_trip(tmp_path):
+    X = np.linspace(0, 1, 10)[:, None]
+    fit = gpvi.fit(gpvi.GLM(likelihood=gpvi.likelihoods.Gaussian()), X, X[:, 0])
+    extra = {"features": ["a"], "x_mean": [0.5], "labels": None}
+    gpvi.io.save(fit, tmp_path / "m.gpvi", extra=extra)
+    obj, got = gpvi.io.load(tmp_path / "m.gpvi", with_extra=True)
+    assert got == extra and isinstance(obj, gpvi.FitResult)
+    assert isinstance(gpvi.io.load(tmp_path / "m.gpvi"), gpvi.FitResult)  # default: the object only
+    gpvi.io.save(fit, tmp_path / "n.gpvi")
+    assert gpvi.io.load(tmp_path / "n.gpvi", with_extra=True)[1] == {}
+    with pytest.raises(ValueError, match="JSON"):
+        gpvi.io.save(fit, tmp_path / "o.gpvi", extra={"bad": object()})
+    with pytest.raises(ValueError, match="JSON"):
+        gpvi.io.save(fit, tmp_path / "o.gpvi", extra={"nan": float("nan")})
