@@ -127,6 +127,7 @@ def test_poisson_fit_then_predict(poisson_csv, tmp_path, capsys):
     assert "MAE" in err and "NLPD" in err
 
 
+@pytest.mark.slow  # end-to-end, > 5 s; runs in CI's full suite
 def test_ordinal_text_labels_with_levels(tmp_path, capsys):
     rng = np.random.default_rng(5)
     x = rng.uniform(-3, 3, 90)
@@ -164,6 +165,7 @@ def test_gaussian_target_is_standardised_and_restored(tmp_path, capsys):
     np.testing.assert_allclose(arr[:, 0], arr[:, 2])  # identity link
 
 
+@pytest.mark.slow  # end-to-end, > 5 s; runs in CI's full suite
 def test_model_auto_glm_and_numeric_labels(tmp_path, capsys):
     rng = np.random.default_rng(2)
     X = rng.normal(size=(200, 3))
@@ -249,6 +251,7 @@ def test_progress_only_on_a_terminal_and_not_quiet(poisson_csv, tmp_path, capsys
     assert seen == [False, True, False]
 
 
+@pytest.mark.slow  # end-to-end, > 5 s; runs in CI's full suite
 def test_demo_prints_table_and_writes_plot(tmp_path, capsys):
     rc, out, err = run(capsys, "demo", "--out-dir", tmp_path)
     assert rc == 0, err

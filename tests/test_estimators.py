@@ -313,6 +313,7 @@ def test_regressor_learns_hyperparameters_like_sklearn_gpr():
     assert ours.vlb_trace_.shape[1] == 2 and np.isclose(ours.vlb_trace_[-1, 1], ours.vlb_, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # end-to-end, > 5 s; runs in CI's full suite
 def test_robust_regressors_resist_outliers():
     X, f, targets = _data()
     y = targets["GPRegressor"].copy()
@@ -374,6 +375,7 @@ def test_count_regressor_recovers_rates_and_uses_exposure():
         GPCountRegressor().fit(X, -y)
 
 
+@pytest.mark.slow  # end-to-end, > 5 s; runs in CI's full suite
 def test_ordinal_regressor_labels_edges_and_accuracy():
     rng = np.random.default_rng(7)
     X = rng.uniform(-2, 2, (150, 2))
