@@ -32,5 +32,5 @@ def __getattr__(name):
 __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
-    "static", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
+    "static", "io", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
 ]

@@ -22,9 +22,9 @@ import scipy.optimize
 from threadpoolctl import threadpool_limits
 
 from ._module import flatten_params, unflatten_params
-from .engines import ENGINES, EngineResult
+from .engines import ENGINES
 from .likelihoods import Bernoulli, Ordinal, _as_array, _is_real_dtype
-from .models import Model, SparseGP, _check_X
+from .models import Model, _check_X
 from .objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Objective, State, make_chunks, prior_state, \
     vlb_in_hyperparameters
 from .predict import latent_moments

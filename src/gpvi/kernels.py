@@ -8,7 +8,6 @@ the log scale.
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from ._module import Module, param
