@@ -43,7 +43,10 @@ class FitResult:
     vlb : final variational lower bound, nats summed over the data.
     iterations, converged, message : of the (last) engine run; ``message`` says why it stopped.
     trace : (K, 2) array of (seconds since the start of the fit, VLB) per iteration.
-    backtracks, cycles : safeguard events of the fixed-point engines (0 for others).
+    backtracks, cycles, clipped : safeguard events of the fixed-point engines (0 for others):
+        damped (VLB-lowering) steps, detected 2-cycles, steps that clipped γ_i at 0.
+    subset : indices of the training rows used (subset of data), or None for all rows.
+    extras : engine-specific numbers of the last engine run (see ``EngineResult.extras``).
     """
 
     model: Model
@@ -62,6 +65,16 @@ class FitResult:
     prior: object = dataclasses.field(default=None, repr=False)
     chunk_size: int = DEFAULT_CHUNK
     input_dim: int | None = None  # columns of the training X, checked at predict time
+    clipped: int = 0
+    subset: np.ndarray | None = dataclasses.field(default=None, repr=False)
+    extras: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def diagnostics(self) -> dict:
+        """Whether the fixed-point iterates were damped, cycled or had γ clipped (Sheth &
+        Khardon 2016, Theorem 1 and §4), with the counts."""
+        return {"damped": self.backtracks > 0, "cycled": self.cycles > 0, "clipped": self.clipped > 0,
+                "backtracks": self.backtracks, "cycles": self.cycles, "clipped_steps": self.clipped}
 
     # ---- predictions -------------------------------------------------------------------
     def _X(self, X, offset):
@@ -150,10 +163,10 @@ def _progress_callback(progress, engine):
 
 def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         learn_inducing: bool = False, tol: float = 1e-6, max_iter: int = 500,
-        offset=None, exposure=None, init: State | None = None, max_rounds: int = 100,
+        offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
-        callback=None) -> FitResult:
+        callback=None, engine_options: dict | None = None, subset=None) -> FitResult:
     """Fit a latent Gaussian model by variational inference.
 
     Parameters
@@ -170,7 +183,8 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     max_iter : iteration limit of each engine run.
     offset : (N,) values added to every latent (e.g. ``log`` exposure); ``exposure``:
         (N,) positive exposures for count models, turned into ``offset = log(exposure)``.
-    init : starting ``State`` (default: the prior ``N(0, I)``).
+    init : starting ``State``, ``"prior"`` (the default, ``N(0, I)``) or ``"laplace"`` (the
+        Laplace approximation, the initialiser of Sheth et al. 2015).
     max_rounds : iteration limit of the hyperparameter L-BFGS-B (each iteration runs the
         engine to convergence, warm-started, at every point it evaluates).
     chunk_size, cache_bytes : rows per chunk of the data sums; memory allowed for caching the
@@ -178,6 +192,10 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     seed : for k-means placement of inducing inputs.
     progress : show a progress bar (iteration, VLB, elapsed) on stderr.
     callback : called as ``callback(iteration, vlb, seconds)`` after every iteration.
+    engine_options : extra keyword arguments for the engine's ``run`` (e.g.
+        ``{"clip_gamma": "always"}`` for fpi/fpb, ``{"history": 50}`` for gradient).
+    subset : subset of data (Sheth et al. 2015, §5): an int ``n`` (a random subset of ``n``
+        rows, drawn with ``seed``) or an array of row indices; only those rows are used.
 
     Returns
     -------
@@ -207,6 +225,11 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         if np.any(expo <= 0):
             raise ValueError("exposure must be positive")
         offset = np.log(expo) + (0.0 if offset is None else offset)
+    options = _check_engine_options(engine_options, ENGINES[engine])
+    if subset is not None:
+        subset = _check_subset(subset, X.shape[0], seed)
+        X, y = X[subset], y[subset]
+        offset = None if offset is None else offset[subset]
     model = model.initialise(X, y, seed=seed)
     D = model.input_dim()
     if D is not None and D != X.shape[1]:
@@ -225,13 +248,18 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         obj = Objective(mdl, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
         obj.check_prior()
         t_offset[0] = time.perf_counter() - t0
-        res = run(obj, start, tol=tol_, max_iter=max_iter, callback=None if quiet else cb)
+        res = run(obj, start, tol=tol_, max_iter=max_iter, callback=None if quiet else cb, **options)
         trace = res.trace.copy()
         trace[:, 0] += t_offset[0]
         return obj, res, trace
 
     d = model.num_weights(X)
-    state = prior_state(d) if init is None else _check_init(init, d)
+    if init is None or (isinstance(init, str) and init == "prior"):
+        state = prior_state(d)
+    elif isinstance(init, str) and init == "laplace":
+        state = _laplace_init(model, X, y, offset, chunk_size, cache_bytes)
+    else:
+        state = _check_init(init, d)
     # On the CPU, jaxlib's Cholesky and triangular solves call SciPy's OpenBLAS, whose idle
     # threads keep spinning after each small M×M step and steal the cores XLA needs for the
     # next O(N·M²) data pass (measured: an fpi iteration 76 → 40 ms at N = 20 000, M = 200).
@@ -240,7 +268,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         obj, res, trace = infer(model, state, tol)
         traces = [trace]
         rounds = 0
-        counts = [res.backtracks, res.cycles, res.evaluations]
+        counts = [res.backtracks, res.cycles, res.evaluations, res.clipped]
         if learn_hyperparameters:
             names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
                      else list(learn_hyperparameters))
@@ -255,11 +283,12 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             counts[0] += res.backtracks
             counts[1] += res.cycles
             counts[2] += res.evaluations
+            counts[3] += res.clipped
     finally:
         limiter.restore_original_limits()
         if prog is not None:
             prog.close()
-    backtracks, cycles, evals = counts
+    backtracks, cycles, evals, clipped = counts
     message = res.message
     if learn_hyperparameters:
         message = f"{message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
@@ -267,12 +296,55 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
                      converged=res.converged, message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
-                     prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1])
+                     prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
+                     subset=subset, extras=dict(res.extras))
+
+
+def _check_engine_options(options, run):
+    if options is None:
+        return {}
+    if not isinstance(options, dict):
+        raise ValueError(f"engine_options must be a dict of keyword arguments, got {type(options).__name__}")
+    import inspect
+
+    params = inspect.signature(run).parameters
+    reserved = {"tol", "max_iter", "callback"}
+    bad = [k for k in options if k in reserved or k not in params]
+    if bad:
+        allowed = sorted(k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in reserved)
+        raise ValueError(f"engine_options {bad} not accepted by this engine; it takes {allowed} "
+                         "(tol and max_iter are fit() arguments)")
+    return dict(options)
+
+
+def _check_subset(subset, N, seed):
+    if np.ndim(subset) == 0:
+        if isinstance(subset, (bool, np.bool_)) or int(subset) != subset or not (1 <= int(subset) <= N):
+            raise ValueError(f"subset must be an int in [1, {N}] or an array of row indices, got {subset!r}")
+        return np.sort(np.random.default_rng(seed).choice(N, int(subset), replace=False))
+    idx = np.asarray(subset)
+    if idx.ndim != 1 or idx.size == 0 or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError("subset must be an int or a non-empty 1-D array of integer row indices")
+    if idx.min() < -N or idx.max() >= N:
+        raise ValueError(f"subset has row indices outside [0, {N})")
+    idx = np.where(idx < 0, idx + N, idx)
+    if np.unique(idx).size != idx.size:
+        raise ValueError("subset has repeated row indices")
+    return idx
+
+
+def _laplace_init(model, X, y, offset, chunk_size, cache_bytes):
+    """The Laplace approximation as a starting state (Sheth et al. 2015, §5)."""
+    if "laplace" not in ENGINES:
+        raise ValueError("init='laplace' needs the laplace engine, which is not available")
+    obj = Objective(model, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
+    obj.check_prior()
+    return ENGINES["laplace"](obj, prior_state(obj.dim)).state
 
 
 def _check_init(init, d):
     if not isinstance(init, State) or init.mean.shape != (d,) or init.chol.shape != (d, d):
-        raise ValueError(f"init must be a gpvi State with mean ({d},) and chol ({d}, {d})")
+        raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State with mean ({d},) and chol ({d}, {d})")
     return State(jnp.asarray(init.mean, jnp.float64), jnp.asarray(init.chol, jnp.float64))
 
 
@@ -303,6 +375,7 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
         counts[0] += res.backtracks
         counts[1] += res.cycles
         counts[2] += res.evaluations
+        counts[3] += res.clipped
         if not np.isfinite(res.vlb):
             return np.inf, np.zeros_like(x)
         val, g = _neg_vlb_and_grad(theta, model, Xj, chunks, res.state)

@@ -91,7 +91,7 @@ def fit_result_to_arrays(fit, prefix="fit"):
     meta = {
         "model": _encode(fit.model, arrays, f"{prefix}.model"),
         "scalars": {k: getattr(fit, k) for k in ("vlb", "iterations", "converged", "message", "engine",
-                                                  "backtracks", "cycles", "evaluations",
+                                                  "backtracks", "cycles", "evaluations", "clipped",
                                                   "hyperparameter_rounds", "seconds", "chunk_size",
                                                   "input_dim")},
     }

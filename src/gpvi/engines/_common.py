@@ -20,8 +20,10 @@ class EngineResult:
 
     ``trace`` is an (iterations + 1, 2) array of (seconds since start, VLB), first row at the
     starting state.  ``backtracks`` counts rejected (VLB-lowering) steps that were damped,
-    ``cycles`` counts detected 2-cycles of the fixed-point map, ``evaluations`` counts
-    passes over the data.
+    ``cycles`` counts detected 2-cycles of the fixed-point map, ``clipped`` counts steps whose
+    precision used γ_i = −λ_i clipped at 0 (Sheth & Khardon 2016, §4), ``evaluations`` counts
+    passes over the data.  ``extras`` holds engine-specific numbers (e.g. the Laplace
+    approximation's log marginal likelihood, the dual objective).
     """
 
     state: State
@@ -33,6 +35,8 @@ class EngineResult:
     backtracks: int = 0
     cycles: int = 0
     evaluations: int = 0
+    clipped: int = 0
+    extras: dict = dataclasses.field(default_factory=dict)
 
 
 class Clock:
@@ -126,8 +130,11 @@ class SafeguardedAscent:
     halves the step size as well.  Counts of both events are kept.
     """
 
-    def __init__(self, objective, max_halvings: int = 30):
+    def __init__(self, objective, max_halvings: int = 30, clip_gamma: str = "auto"):
+        if clip_gamma not in ("auto", "always"):
+            raise ValueError(f"clip_gamma must be 'auto' or 'always', got {clip_gamma!r}")
         self.objective = objective
+        self.clip_gamma = clip_gamma
         self.max_halvings = max_halvings
         self.alpha = 1.0
         self.backtracks = 0
@@ -136,6 +143,10 @@ class SafeguardedAscent:
         self._history: list[State] = []
 
     def _target(self, state: State, sums: Sums):
+        if self.clip_gamma == "always":
+            # Sheth & Khardon (2016, §4): every γ_i < 0 is replaced by 0 in every step.
+            self.clipped += 1
+            return precision_chol(self.objective.sums(state, clip_gamma=True).S)
         RH = precision_chol(sums.S)
         if not bool(_finite(RH)):
             # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not

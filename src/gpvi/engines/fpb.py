@@ -13,15 +13,19 @@ from ._common import Clock, EngineResult, SafeguardedAscent, converged_change
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int = 500,
-        max_newton: int = 50, callback=None) -> EngineResult:
-    """Run FPb from ``state``; one iteration = a Newton loop on m plus one FP step on V."""
+        max_newton: int = 50, clip_gamma: str = "auto", callback=None) -> EngineResult:
+    """Run FPb from ``state``; one iteration = a Newton loop on m plus one FP step on V.
+
+    ``clip_gamma`` as in :func:`gpvi.engines.fpi.run`.
+    """
     clock = Clock(callback)
     sums = objective.sums(state)
     clock.tick(sums.vlb, 0)
     if not jnp.isfinite(sums.vlb):
         return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state",
                             clock.trace, evaluations=objective.num_evaluations)
-    mean_guard, cov_guard = SafeguardedAscent(objective), SafeguardedAscent(objective)
+    mean_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
+    cov_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     converged, message, it = False, f"reached max_iter={max_iter}", 0
     for it in range(1, max_iter + 1):
         start = float(sums.vlb)
@@ -45,4 +49,5 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
             break
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,
                         mean_guard.backtracks + cov_guard.backtracks,
-                        mean_guard.cycles + cov_guard.cycles, objective.num_evaluations)
+                        mean_guard.cycles + cov_guard.cycles, objective.num_evaluations,
+                        mean_guard.clipped + cov_guard.clipped)

@@ -15,12 +15,17 @@ from ._common import Clock, EngineResult, SafeguardedAscent, converged_change
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int = 500,
-        callback=None) -> EngineResult:
-    """Run FPi from ``state`` until the VLB changes by at most ``tol·max(1, |VLB|)``."""
+        clip_gamma: str = "auto", callback=None) -> EngineResult:
+    """Run FPi from ``state`` until the VLB changes by at most ``tol·max(1, |VLB|)``.
+
+    ``clip_gamma``: ``"auto"`` uses γ_i clipped at 0 only in steps where ``I − S`` is not
+    positive definite; ``"always"`` clips in every step (the heuristic of Sheth & Khardon 2016
+    for Student-t).
+    """
     clock = Clock(callback)
     sums = objective.sums(state)
     clock.tick(sums.vlb, 0)
-    guard = SafeguardedAscent(objective)
+    guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     converged, message, it = False, f"reached max_iter={max_iter}", 0
     if not jnp.isfinite(sums.vlb):
         return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state",
@@ -39,4 +44,4 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
             converged, message = True, f"VLB change below tol={tol:g}"
             break
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,
-                        guard.backtracks, guard.cycles, objective.num_evaluations)
+                        guard.backtracks, guard.cycles, objective.num_evaluations, guard.clipped)
