@@ -51,7 +51,21 @@ def module(cls):
     fields = dataclasses.fields(cls)
     data = [f.name for f in fields if not f.metadata.get("static", False)]
     meta = [f.name for f in fields if f.metadata.get("static", False)]
-    jax.tree_util.register_dataclass(cls, data_fields=data, meta_fields=meta)
+    # Not jax.tree_util.register_dataclass: its treedefs of two different classes with the
+    # same field layout compare equal (jax 0.10), so jit caches keyed on them can run one
+    # class's compiled code for another (e.g. RBF vs Matern52, Poisson vs Exponential).
+    # Custom nodes compare their type; the static values travel in the aux data.
+    def flatten_with_keys(obj):
+        return ([(jax.tree_util.GetAttrKey(n), getattr(obj, n)) for n in data],
+                tuple(getattr(obj, n) for n in meta))
+
+    def flatten(obj):
+        return [getattr(obj, n) for n in data], tuple(getattr(obj, n) for n in meta)
+
+    def unflatten(aux, children):
+        return cls(**dict(zip(data, children)), **dict(zip(meta, aux)))
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
     return cls
 
 
