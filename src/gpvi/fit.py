@@ -23,6 +23,7 @@ from threadpoolctl import threadpool_limits
 
 from ._module import flatten_params, unflatten_params
 from .engines import ENGINES
+from .engines.laplace import laplace_log_marginal_at
 from .likelihoods import Bernoulli, Ordinal, _as_array, _is_real_dtype
 from .models import Model, _check_X
 from .objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Objective, State, make_chunks, prior_state, \
@@ -173,10 +174,13 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     ----------
     model : ``gpvi.GLM``, ``gpvi.GP`` or ``gpvi.SparseGP``.
     X : (N, D) inputs; y : (N,) observations in the likelihood's support.
-    engine : ``"fpi"`` (default), ``"fpb"`` or ``"gradient"`` (see :mod:`gpvi.engines`).
+    engine : ``"fpi"`` (default), ``"fpb"``, ``"gradient"``, ``"dual"`` (Gaussian, Poisson and
+        Bernoulli likelihoods) or ``"laplace"`` (see :mod:`gpvi.engines`).
     learn_hyperparameters : False, True (all learnable parameters, see
         :func:`learnable_parameters`) or a list of dotted names such as
-        ``["kernel.lengthscale", "likelihood.variance"]``.
+        ``["kernel.lengthscale", "likelihood.variance"]``.  With ``engine="laplace"`` the
+        Laplace approximate log marginal likelihood is maximised instead of the VLB (as in
+        Sheth et al. 2015); it is in ``FitResult.extras["log_marginal"]``.
     learn_inducing : also learn the inducing inputs (sparse GP) when learning hyperparameters.
     tol : stop when the VLB changes by at most ``tol · max(1, |VLB|)`` between iterations
         (and, with hyperparameter learning, between rounds).
@@ -254,16 +258,21 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         return obj, res, trace
 
     d = model.num_weights(X)
-    if init is None or (isinstance(init, str) and init == "prior"):
-        state = prior_state(d)
-    elif isinstance(init, str) and init == "laplace":
-        state = _laplace_init(model, X, y, offset, chunk_size, cache_bytes)
-    else:
-        state = _check_init(init, d)
+    if not (init is None or isinstance(init, str)):
+        init = _check_init(init, d)
+    elif init not in (None, "prior", "laplace"):
+        raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State, got {init!r}")
     # On the CPU, jaxlib's Cholesky and triangular solves call SciPy's OpenBLAS, whose idle
     # threads keep spinning after each small M×M step and steal the cores XLA needs for the
     # next O(N·M²) data pass (measured: an fpi iteration 76 → 40 ms at N = 20 000, M = 200).
     limiter = threadpool_limits(limits=1, user_api="blas")
+    if init == "laplace":
+        try:
+            init = _laplace_init(model, X, y, offset, chunk_size, cache_bytes)
+        except BaseException:
+            limiter.restore_original_limits()
+            raise
+    state = prior_state(d) if init in (None, "prior") else init
     try:
         obj, res, trace = infer(model, state, tol)
         traces = [trace]
@@ -277,7 +286,8 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
                 raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
                                  f"known: {sorted(model.transforms())}")
             model, rounds, hyper_trace = _learn(model, names, X, y, offset, res.state, infer, tol,
-                                                max_rounds, chunk_size, counts, t0, cb)
+                                                max_rounds, chunk_size, counts, t0, cb,
+                                                laplace=engine == "laplace")
             obj, res, trace = infer(model, hyper_trace.pop("state"), tol)
             traces = [np.asarray(hyper_trace["rows"]).reshape(-1, 2)]
             counts[0] += res.backtracks
@@ -345,7 +355,16 @@ def _laplace_init(model, X, y, offset, chunk_size, cache_bytes):
 def _check_init(init, d):
     if not isinstance(init, State) or init.mean.shape != (d,) or init.chol.shape != (d, d):
         raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State with mean ({d},) and chol ({d}, {d})")
-    return State(jnp.asarray(init.mean, jnp.float64), jnp.asarray(init.chol, jnp.float64))
+    C = np.asarray(init.chol, np.float64)
+    if not np.all(np.isfinite(C)) or not np.all(np.isfinite(np.asarray(init.mean))):
+        raise ValueError("init contains NaN or infinite values")
+    if np.any(np.triu(C, 1)):
+        # The data passes need a lower-triangular factor: re-factorise V = C Cᵀ.
+        try:
+            C = np.linalg.cholesky(C @ C.T)
+        except np.linalg.LinAlgError:
+            raise ValueError("init.chol @ init.chol.T must be positive definite") from None
+    return State(jnp.asarray(init.mean, jnp.float64), jnp.asarray(C))
 
 
 def _neg_vlb(theta, model, X, chunks, state):
@@ -355,8 +374,21 @@ def _neg_vlb(theta, model, X, chunks, state):
 _neg_vlb_and_grad = jax.jit(jax.value_and_grad(_neg_vlb))
 
 
-def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size, counts, t0, cb):
-    """L-BFGS-B on the profile bound; returns (model, iterations, trace dict)."""
+def _neg_laplace(theta, model, X, chunks, mode, clip=False):
+    return -laplace_log_marginal_at(unflatten_params(model, theta), X, chunks, mode, clip)
+
+
+_neg_laplace_and_grad = jax.jit(jax.value_and_grad(_neg_laplace), static_argnames=("clip",))
+
+
+def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size, counts, t0, cb,
+           laplace=False):
+    """L-BFGS-B on the profile bound; returns (model, iterations, trace dict).
+
+    With ``laplace`` the objective is the Laplace log marginal likelihood, its gradient by the
+    one-Newton-step construction of :func:`gpvi.engines.laplace.laplace_log_marginal_at`; the
+    trace still records the VLB of each accepted point's Laplace posterior.
+    """
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
     chunks = make_chunks(X, y, offset, chunk_size)
@@ -364,6 +396,7 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
     inner_tol = max(tol * 1e-3, 1e-13)
     memo = {"state": state, "best": (-np.inf, None, state)}
     rows = []
+    vlbs = {}  # VLB of the Laplace posterior at each evaluated point (laplace only)
 
     def fun(x):
         theta = unravel(jnp.asarray(x))
@@ -378,22 +411,31 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
         counts[3] += res.clipped
         if not np.isfinite(res.vlb):
             return np.inf, np.zeros_like(x)
-        val, g = _neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
+        if laplace:
+            val, g = _neg_laplace_and_grad(theta, model, Xj, chunks, res.state.mean,
+                                           clip=res.extras.get("hessian") == "clipped")
+            vlbs[np.asarray(x).tobytes()] = res.vlb
+        else:
+            val, g = _neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
         if not np.isfinite(float(val)) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
         memo["state"] = res.state  # warm start for the next evaluation
-        if res.vlb > memo["best"][0]:
-            memo["best"] = (res.vlb, np.array(x), res.state)
+        score = -float(val) if laplace else res.vlb
+        if score > memo["best"][0]:
+            memo["best"] = (score, np.array(x), res.state)
         return float(val), g
 
+    def traced(x, f):
+        return vlbs.get(np.asarray(x).tobytes(), -f) if laplace else -f
+
     def record(intermediate_result):
-        rows.append((time.perf_counter() - t0, -float(intermediate_result.fun)))
+        rows.append((time.perf_counter() - t0, traced(intermediate_result.x, float(intermediate_result.fun))))
         cb(len(rows) - 1, rows[-1][1], rows[-1][0], shift=False)
 
     x0 = np.asarray(flat0)
     f0, _ = fun(x0)
-    rows.append((time.perf_counter() - t0, -f0))
+    rows.append((time.perf_counter() - t0, traced(x0, f0)))
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
     best_vlb, best_x, best_state = memo["best"]

@@ -28,7 +28,11 @@ DEFAULT_CACHE_BYTES = 512 * 2**20
 
 
 class State(NamedTuple):
-    """Variational parameters: ``q(w) = N(mean, chol cholᵀ)``; shapes (d,) and (d, d)."""
+    """Variational parameters: ``q(w) = N(mean, chol cholᵀ)``; shapes (d,) and (d, d).
+
+    ``chol`` must be lower triangular (the data passes use its triangular structure);
+    :func:`gpvi.fit` re-factorises a user-supplied ``init``.
+    """
 
     mean: jax.Array
     chol: jax.Array
@@ -87,18 +91,55 @@ def _marginals(At, b, c, off, state, V):
     return state.mean @ At + b + off, c + jnp.sum((V @ At) * At, axis=0)
 
 
+def _row_blocks(d):
+    """Row blocks for the triangular/symmetric products of a data pass.
+
+    The two O(n·d²) products of a pass have structure a dense product ignores:
+    ``v_i = c_i + |Cᵀ a_i|²`` with ``Cᵀ`` upper triangular, and ``Σ λ_i a_i a_iᵀ`` is
+    symmetric.  Splitting the rows into k blocks and skipping the blocks below (above) the
+    diagonal does (k+1)/(2k) of the work; XLA has no triangular or symmetric matrix product.
+    k = 3 measured best at d = 200 (smaller blocks lose more in efficiency than they save).
+    """
+    k = 1 if d < 96 else (2 if d < 160 else 3)
+    edges = [round(i * d / k) for i in range(k + 1)]
+    return tuple((edges[i], edges[i + 1]) for i in range(k))
+
+
+def _marginals_tri(At, b, c, off, mean, U, blocks):
+    """:func:`_marginals` from ``U = cholᵀ`` (upper triangular), block-triangular product."""
+    v = c
+    for r0, r1 in blocks:
+        z = U[r0:r1, r0:] @ At[r0:]
+        v = v + jnp.sum(z * z, axis=0)
+    return mean @ At + b + off, v
+
+
+def _add_outer_sym(S, Aw, At, blocks):
+    """Lower block triangle of ``S + Aw Atᵀ`` (the upper part is filled by :func:`_symmetrise`)."""
+    for r0, r1 in blocks:
+        S = S.at[r0:r1, :r1].add(Aw[r0:r1] @ At[:r1].T)
+    return S
+
+
+def _symmetrise(S, blocks):
+    if len(blocks) == 1:
+        return 0.5 * (S + S.T)  # a dense product is symmetric only up to rounding
+    return jnp.tril(S) + jnp.tril(S, -1).T
+
+
 @partial(jax.jit, static_argnames=("cached", "want_hessian", "clip_gamma"))
 def _sums(model, prior, chunks, proj, state, cached, want_hessian, clip_gamma=False):
     """``(Σ E_i, Σ ρ_i a_i, Σ λ_i a_i a_iᵀ)`` over all chunks."""
     lik = model.likelihood
     d = state.mean.shape[0]
-    V = state.chol @ state.chol.T
+    U = state.chol.T
+    blocks = _row_blocks(d)
 
     def body(carry, xs):
         sE, g, S = carry
         ch, pr = xs
         At, b, c = pr if cached else model.project(prior, ch.X)
-        m, v = _marginals(At, b, c, ch.offset, state, V)
+        m, v = _marginals_tri(At, b, c, ch.offset, state.mean, U, blocks)
         E, rho, lam = lik.variational_moments(ch.y, m, v)
         keep = ch.mask > 0
         E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
@@ -106,12 +147,12 @@ def _sums(model, prior, chunks, proj, state, cached, want_hessian, clip_gamma=Fa
         g = g + At @ rho
         if want_hessian:
             w = jnp.minimum(lam, 0.0) if clip_gamma else lam
-            S = S + (At * w) @ At.T
+            S = _add_outer_sym(S, At * w, At, blocks)
         return (sE, g, S), None
 
     init = (jnp.zeros(()), jnp.zeros(d), jnp.zeros((d, d) if want_hessian else (0, 0)))
     (sE, g, S), _ = jax.lax.scan(body, init, (chunks, proj))
-    return sE, g, S
+    return sE, g, (_symmetrise(S, blocks) if want_hessian else S)
 
 
 @jax.jit
@@ -128,12 +169,13 @@ def _project_all(model, prior, X):
 def _expected(model, prior, chunks, proj, state, cached):
     """``Σ E_i`` only (no derivatives), for VLB evaluations."""
     lik = model.likelihood
-    V = state.chol @ state.chol.T
+    U = state.chol.T
+    blocks = _row_blocks(state.mean.shape[0])
 
     def body(sE, xs):
         ch, pr = xs
         At, b, c = pr if cached else model.project(prior, ch.X)
-        m, v = _marginals(At, b, c, ch.offset, state, V)
+        m, v = _marginals_tri(At, b, c, ch.offset, state.mean, U, blocks)
         E = lik.expected_log_prob(ch.y, m, v)
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
 
