@@ -5,11 +5,14 @@
 ``fpi``        incremental fixed point: Newton on m + FP on V per step (default)
 ``fpb``        batch fixed point: Newton on m to convergence, then FP on V
 ``gradient``   L-BFGS on (m, chol V) jointly
+``laplace``    Laplace approx.: Newton on the mode, V = (−∇²Ψ)⁻¹ (not a VLB maximiser)
+``dual``       L-BFGS-B on the dual (Khan et al. 2013; Gaussian, Poisson, Bernoulli only)
 =============  ==================================================================
 """
-from . import fpb, fpi, gradient
+from . import dual, fpb, fpi, gradient, laplace
 from ._common import EngineResult
 
-ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run}
+ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run, "laplace": laplace.run,
+           "dual": dual.run}
 
-__all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient"]
+__all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient", "laplace"]

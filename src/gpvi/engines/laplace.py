@@ -1,0 +1,406 @@
+"""Laplace approximation: Newton on the mode of the whitened posterior (GPML Ch. 3 style).
+
+In the whitened coordinates of :mod:`gpvi.models` (prior ``N(0, I)``) the unnormalised log
+posterior is
+
+    ``Ψ(w) = Σ_i log p(y_i | f_i) − ½|w|²``,  ``f_i = a_i·w + b_i + offset_i``.
+
+Newton's method with a backtracking line search on Ψ finds the mode ``ŵ``; the Laplace
+approximation is ``q(w) = N(ŵ, H⁻¹)`` with ``H = I − Σ_i h_i a_i a_iᵀ`` and the point
+derivatives ``g_i = ∂log p/∂f``, ``h_i = ∂²log p/∂f²`` at ``f̂_i``, obtained by autodiff of
+``likelihood.log_prob`` (so any twice-differentiable likelihood works).  The approximate log
+marginal likelihood is ``log p(y) ≈ Ψ(ŵ) − ½ log|H|`` (GPML Eq. 3.32; invariant under the
+linear whitening).  All sums over data run chunk by chunk in a jitted ``lax.scan`` like
+:meth:`gpvi.objective.Objective.sums`.
+
+Three uses:
+
+- the engine :func:`run` (``gpvi.fit(..., engine="laplace")``): its result's ``vlb`` is the
+  *true* VLB of ``N(ŵ, H⁻¹)`` so it is comparable with the variational engines; the Laplace
+  log marginal is in ``extras["log_marginal"]``;
+- the initialiser of the variational engines (``gpvi.fit(..., init="laplace")``, Sheth et
+  al. 2015, §5);
+- the baseline of Sheth et al. (2015), whose hyperparameters are learned on the Laplace
+  log marginal: :func:`laplace_log_marginal` is differentiable in the model's
+  hyperparameters (the mode is found without autodiff, then one Newton step from it is taken
+  *inside* the differentiated function; at the fixed point that step's derivative is the
+  implicit derivative ``dŵ/dθ = H⁻¹ ∂g/∂θ`` of the mode, i.e. the implicit terms of GPML
+  Algorithm 5.1).
+
+Notes
+-----
+- **Non-log-concave likelihoods** (Student-t): ``h_i`` can be positive and ``H`` indefinite
+  away from the mode.  The Newton matrix then uses ``min(h_i, 0)`` (a Fisher-like safeguard;
+  the gradient, hence the mode, is unchanged) and the line search keeps every step an ascent
+  step.  At the mode the covariance and the log marginal use the exact ``h_i`` (``H`` is
+  positive definite at a strict local maximum); only if it is not does the engine fall back
+  to the clipped matrix, reported as ``extras["hessian"] == "clipped"``.
+- **Sparse GP**: the Laplace approximation is that of the projected (subset-of-regressors)
+  model ``f_i = a_i·w + b_i``; the conditional variances ``c_i`` are ignored in the mode
+  search and in the log marginal.  They do enter the VLB reported for the resulting state.
+- **Likelihoods without a usable second derivative** (``Laplace``: ``h = 0`` almost
+  everywhere) have no Laplace approximation; they raise a ``ValueError`` pointing to the
+  variational engines, which differentiate the Gaussian expectation instead.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import cho_solve, solve_triangular
+
+from ..likelihoods import Laplace
+from ..models import _check_X
+from ..objective import DEFAULT_CHUNK, Chunks, Objective, State, make_chunks
+from ._common import Clock, EngineResult, converged_change
+
+__all__ = ["find_mode", "laplace_log_marginal", "laplace_log_marginal_at", "run"]
+
+_ARMIJO = 1e-4
+_MAX_HALVINGS = 30
+
+
+# ---- point derivatives and their sums over chunks ---------------------------------------
+def _point_derivatives(lik, y, f):
+    """``(log p, g, h)`` elementwise for 1-D ``y, f``.
+
+    ``log_prob`` is elementwise in ``f``, so its Hessian in ``f`` is diagonal and the
+    directional derivative of the gradient along the ones vector is exactly that diagonal.
+    """
+
+    def total(ff):
+        return jnp.sum(lik.log_prob(y, ff))
+
+    g, h = jax.jvp(jax.grad(total), (f,), (jnp.ones_like(f),))
+    return lik.log_prob(y, f), g, h
+
+
+def _chunk_terms(model, prior, ch, pr, w, cached, derivatives, clip):
+    """Sums over one chunk: ``Σ log p`` and, with ``derivatives``, ``Σ g_i a_i``,
+    ``Σ h_i a_i a_iᵀ`` (h clipped at ≤ 0 with ``clip``) and two counts: rows with
+    ``h_i > 0`` and rows with ``h_i ≠ 0``.  ``c_i`` is ignored (see module notes)."""
+    At, b, _ = pr if cached else model.project(prior, ch.X)
+    f = w @ At + b + ch.offset
+    keep = ch.mask > 0
+    if not derivatives:
+        return jnp.sum(jnp.where(keep, model.likelihood.log_prob(ch.y, f), 0.0))
+    lp, g, h = _point_derivatives(model.likelihood, ch.y, f)
+    lp, g, h = (jnp.where(keep, t, 0.0) for t in (lp, g, h))
+    hw = jnp.minimum(h, 0.0) if clip else h
+    return (jnp.sum(lp), At @ g, (At * hw) @ At.T,
+            jnp.sum(h > 0, dtype=jnp.int32), jnp.sum(h != 0, dtype=jnp.int32))
+
+
+def _data_sums(model, prior, chunks, proj, w, cached, derivatives, clip, checkpoint=False):
+    """Scan :func:`_chunk_terms` over all chunks.  ``checkpoint`` rematerialises each chunk
+    in the backward pass (memory O(chunk·d + d²) for hyperparameter gradients)."""
+    d = w.shape[0]
+
+    def one(ch, pr):
+        return _chunk_terms(model, prior, ch, pr, w, cached, derivatives, clip)
+
+    if checkpoint:
+        one = jax.checkpoint(one)
+
+    def body(carry, xs):
+        out = one(*xs)
+        return jax.tree_util.tree_map(jnp.add, carry, out), None
+
+    if derivatives:
+        zi = jnp.zeros((), jnp.int32)
+        init = (jnp.zeros((), w.dtype), jnp.zeros(d, w.dtype), jnp.zeros((d, d), w.dtype), zi, zi)
+    else:
+        init = jnp.zeros((), w.dtype)
+    out, _ = jax.lax.scan(body, init, (chunks, proj))
+    return out
+
+
+def _chol_precision(S):
+    """Cholesky factor of ``H = I − S`` (NaN when H is not positive definite)."""
+    H = jnp.eye(S.shape[0], dtype=S.dtype) - S
+    return jnp.linalg.cholesky(0.5 * (H + H.T))
+
+
+def _psi(lp, w):
+    return lp - 0.5 * w @ w
+
+
+# ---- one safeguarded Newton iteration (shared by the engine and the jitted mode finder) ---
+def _newton_step(model, prior, chunks, proj, w, sums, cached):
+    """A Newton step on Ψ from ``w`` with backtracking (Armijo) on Ψ.
+
+    ``sums`` are the (clipped) derivative sums at ``w``.  Returns ``(w', Ψ(w'), α, Newton
+    decrement gᵀH⁻¹g)``; ``α = 0`` and ``w' = w`` when no step size up to ``2⁻³⁰``
+    increases Ψ (``w`` is then a mode to rounding precision, or H is unusable).
+    """
+    lp, gsum, S = sums[:3]
+    psi = _psi(lp, w)
+    grad = gsum - w
+    R = _chol_precision(S)
+    delta = cho_solve((R, True), grad)
+    dec = grad @ delta
+    slack = 1e-13 * jnp.maximum(1.0, jnp.abs(psi))
+
+    def value(alpha):
+        wn = w + alpha * delta
+        return _psi(_data_sums(model, prior, chunks, proj, wn, cached, False, False), wn)
+
+    def ok(alpha, psi_new):
+        return jnp.isfinite(psi_new) & (psi_new >= psi + _ARMIJO * alpha * dec - slack)
+
+    def cond(c):
+        alpha, psi_new, k = c
+        return ~ok(alpha, psi_new) & (k < _MAX_HALVINGS)
+
+    def body(c):
+        alpha, _, k = c
+        return 0.5 * alpha, value(0.5 * alpha), k + 1
+
+    alpha, psi_new, _ = jax.lax.while_loop(cond, body, (jnp.ones((), w.dtype), value(1.0), 0))
+    good = ok(alpha, psi_new) & jnp.all(jnp.isfinite(delta))
+    alpha = jnp.where(good, alpha, 0.0)
+    w_new = jnp.where(good, w + alpha * delta, w)
+    return w_new, jnp.where(good, psi_new, psi), alpha, dec
+
+
+@partial(jax.jit, static_argnames=("cached", "clip"))
+def _sums_jit(model, prior, chunks, proj, w, cached, clip):
+    return _data_sums(model, prior, chunks, proj, w, cached, True, clip)
+
+
+@partial(jax.jit, static_argnames=("cached",))
+def _step_jit(model, prior, chunks, proj, w, sums, cached):
+    return _newton_step(model, prior, chunks, proj, w, sums, cached)
+
+
+@jax.jit
+def _state_from_chol(w, R):
+    """``State(w, chol(H⁻¹))`` from the lower factor ``R`` of ``H``."""
+    eye = jnp.eye(w.shape[0], dtype=w.dtype)
+    Rinv = solve_triangular(R, eye, lower=True)
+    V = Rinv.T @ Rinv  # a d×d step, not in the O(N·d²) data path
+    return State(w, jnp.linalg.cholesky(0.5 * (V + V.T)))
+
+
+@partial(jax.jit, static_argnames=("cached", "max_iter"))
+def _find_mode_jit(model, prior, chunks, proj, w0, tol, cached, max_iter):
+    sums0 = _data_sums(model, prior, chunks, proj, w0, cached, True, True)
+
+    def cond(c):
+        _, _, _, it, done = c
+        return ~done & (it < max_iter)
+
+    def body(c):
+        w, sums, psi, it, _ = c
+        w1, psi1, alpha, _ = _newton_step(model, prior, chunks, proj, w, sums, cached)
+        sums1 = _data_sums(model, prior, chunks, proj, w1, cached, True, True)
+        small = jnp.abs(psi1 - psi) <= tol * jnp.maximum(1.0, jnp.abs(psi1))
+        return w1, sums1, psi1, it + 1, (alpha == 0) | (small & (alpha == 1))
+
+    w, _, _, it, done = jax.lax.while_loop(
+        cond, body, (w0, sums0, _psi(sums0[0], w0), 0, jnp.zeros((), bool)))
+    return w, it, done
+
+
+def _check_likelihood(lik):
+    if isinstance(lik, Laplace):
+        raise ValueError(
+            "the Laplace approximation needs the second derivative of log p(y|f) in f, but the "
+            f"{type(lik).__name__} likelihood has h = 0 almost everywhere (log p is piecewise linear); "
+            "use a variational engine (engine='fpi', 'fpb' or 'gradient'), which differentiates the "
+            "Gaussian expectation instead"
+        )
+
+
+# ---- the engine ---------------------------------------------------------------------------
+def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int = 100,
+        callback=None) -> EngineResult:
+    """Laplace approximation by Newton's method from ``state.mean`` (its ``chol`` is unused
+    except for the first trace row).
+
+    Stops when Ψ changes by at most ``tol·max(1, |Ψ|)`` after a full (undamped) Newton step.
+
+    Returns an :class:`EngineResult` with ``state = State(ŵ, chol(H⁻¹))``, ``vlb`` the VLB of
+    that Gaussian (in the same units as every other engine), ``trace`` rows (seconds, VLB of
+    ``N(w_k, H(w_k)⁻¹)``) with row 0 at the given ``state`` (and one more row at iteration 0
+    when no Newton step was needed), ``backtracks`` the halvings of the
+    Newton step, ``clipped`` the Newton matrices in which some ``h_i > 0`` was clipped to 0,
+    and ``extras``: ``log_marginal`` (``Ψ(ŵ) − ½ log|H|``), ``newton_iterations``, ``psi``
+    (``Ψ(ŵ)``) and ``hessian`` (``"exact"`` or, if the exact ``H`` at the mode is not positive
+    definite, ``"clipped"``).
+
+    Raises ``ValueError`` for a likelihood whose second derivative is zero everywhere (the
+    ``Laplace`` likelihood).
+    """
+    model, prior, chunks, proj, cached = (objective.model, objective.prior, objective.chunks,
+                                          objective.proj, objective.cached)
+    _check_likelihood(model.likelihood)
+    clock = Clock(callback)
+    clock.tick(objective.vlb(state), 0)
+    w = jnp.asarray(state.mean)
+
+    def derivative_sums(w_, clip=True):
+        objective.num_evaluations += 1
+        return _sums_jit(model, prior, chunks, proj, w_, cached, clip)
+
+    def laplace_state(w_, sums):
+        """``(N(w_, H⁻¹), chol H, which h)``: the exact ``h_i`` unless that H is not
+        positive definite (then the clipped one)."""
+        if int(sums[3]) > 0:  # some h_i > 0 were clipped in ``sums``: try the exact Hessian
+            R = _chol_precision(derivative_sums(w_, clip=False)[2])
+            if bool(jnp.all(jnp.isfinite(R))):
+                return _state_from_chol(w_, R), R, "exact"
+            kind = "clipped"
+        else:
+            kind = "exact"
+        R = _chol_precision(sums[2])
+        return _state_from_chol(w_, R), R, kind
+
+    sums = derivative_sums(w)
+    # A likelihood with h = 0 at every point (piecewise linear log p) has no Laplace
+    # approximation.  Saturated points of e.g. a logistic likelihood at a poor warm start can
+    # also underflow to h = 0, so the test is decided at the prior mean w = 0.
+    if int(sums[4]) == 0 and int(derivative_sums(jnp.zeros_like(w))[4]) == 0:
+        raise ValueError(
+            f"the {type(model.likelihood).__name__} likelihood has ∂²log p/∂f² = 0 at every data point, so "
+            "the Laplace approximation carries no information from the data; use a variational engine "
+            "(engine='fpi', 'fpb' or 'gradient')"
+        )
+    psi = float(_psi(sums[0], w))
+    if not np.isfinite(psi):
+        return EngineResult(state, float(clock.rows[0][1]), 0, False,
+                            "log posterior Ψ is not finite at the starting mean", clock.trace,
+                            evaluations=objective.num_evaluations)
+    clipped = int(int(sums[3]) > 0)
+    backtracks = 0
+    current = None  # (state, chol H, hessian kind, VLB) at w
+    converged, message, it = False, f"reached max_iter={max_iter}", 0
+    for it in range(1, max_iter + 1):
+        w_new, psi_new, alpha, dec = _step_jit(model, prior, chunks, proj, w, sums, cached)
+        alpha, psi_new = float(alpha), float(psi_new)
+        halvings = round(-np.log2(alpha)) if alpha > 0 else _MAX_HALVINGS
+        objective.num_evaluations += 1 + halvings
+        backtracks += halvings
+        if alpha == 0.0:
+            # No step size raises Ψ: ``w`` is the mode to rounding precision when the
+            # predicted increase (half the Newton decrement) is at that level.
+            converged = abs(float(dec)) <= 1e-10 * max(1.0, abs(psi))
+            message = ("Newton decrement at rounding level (mode found)" if converged else
+                       "line search found no ascent step (stopped at the best point found)")
+            it -= 1
+            break
+        done = converged_change(psi_new, psi, tol) and alpha == 1.0
+        w, psi = w_new, psi_new
+        sums = derivative_sums(w)
+        clipped += int(int(sums[3]) > 0)
+        st, R, kind = laplace_state(w, sums)
+        current = (st, R, kind, float(objective.vlb(st)))
+        clock.tick(current[3], it)
+        if done:
+            converged, message = True, f"Ψ change below tol={tol:g}"
+            break
+    if current is None:  # no step was taken: the approximation at the starting mean
+        st, R, kind = laplace_state(w, sums)
+        current = (st, R, kind, float(objective.vlb(st)))
+        clock.tick(current[3], 0)
+    state, R, hessian, vlb = current
+    log_marginal = psi - float(jnp.sum(jnp.log(jnp.diag(R))))
+    return EngineResult(state, vlb, it, converged, message, clock.trace, backtracks, 0,
+                        objective.num_evaluations, clipped,
+                        {"log_marginal": log_marginal, "newton_iterations": it, "psi": psi,
+                         "hessian": hessian})
+
+
+# ---- the approximate log marginal likelihood, differentiable in hyperparameters -----------
+def laplace_log_marginal_at(model, X, chunks: Chunks, mode, clip: bool = False):
+    """Laplace log marginal likelihood of ``model`` given (an approximation of) its mode.
+
+    Differentiable in the model's parameters (use inside ``jax.value_and_grad``): ``mode`` is
+    treated as a constant, one Newton step ``w₁ = ŵ + H⁻¹∇Ψ(ŵ)`` is taken inside the
+    differentiated function, and ``Ψ(w₁) − ½ log|H(w₁)|`` is returned.  At the mode,
+    ``dw₁/dθ = H⁻¹ ∂∇Ψ/∂θ`` is exactly the implicit derivative of the mode, so the gradient is
+    the total derivative of the Laplace log marginal (GPML Algorithm 5.1).  Each chunk is
+    rematerialised in the backward pass, so the gradient needs O(chunk·d + C·d²) memory.
+
+    Parameters
+    ----------
+    model : a concrete model; X : (N, D) training inputs (for ``model.prior_cache``);
+    chunks : ``make_chunks(X, y, offset)`` with y in the likelihood's internal coding;
+    mode : (d,) whitened mode, e.g. ``run(...).state.mean``;
+    clip : use ``min(h_i, 0)`` in H (only when the exact H is not positive definite; the
+        derivative is then not the exact implicit one).
+
+    Returns a scalar (NaN if ``H`` is not positive definite).
+    """
+    return _log_marginal_jit(model, jnp.asarray(X), chunks, jnp.asarray(mode), clip)
+
+
+@partial(jax.jit, static_argnames=("clip",))
+def _log_marginal_jit(model, X, chunks, mode, clip):
+    prior = model.prior_cache(X)
+    w0 = jax.lax.stop_gradient(mode)
+    empty = jnp.zeros((chunks.mask.shape[0], 0))
+    _, gsum, S, _, _ = _data_sums(model, prior, chunks, empty, w0, False, True, clip, checkpoint=True)
+    R = _chol_precision(S)
+    w1 = w0 + cho_solve((R, True), gsum - w0)
+    lp1, _, S1, _, _ = _data_sums(model, prior, chunks, empty, w1, False, True, clip, checkpoint=True)
+    return _psi(lp1, w1) - jnp.sum(jnp.log(jnp.diag(_chol_precision(S1))))
+
+
+def find_mode(model, X, chunks: Chunks, *, w0=None, tol: float = 1e-10, max_iter: int = 100):
+    """Mode ``ŵ`` (d,) of Ψ by safeguarded Newton, as one jitted ``lax.while_loop``.
+
+    Works on traced hyperparameters (no gradient flows through it: the model is
+    ``stop_gradient``-ed).  Returns ``(ŵ, iterations, converged)``.
+    """
+    Xj = jnp.asarray(X)
+    d = model.num_weights(Xj)
+    w0 = jnp.zeros(d) if w0 is None else jnp.asarray(w0, jnp.float64)
+    return _find_mode_from_scratch(model, Xj, chunks, w0, jnp.asarray(tol, jnp.float64), int(max_iter))
+
+
+@partial(jax.jit, static_argnames=("max_iter",))
+def _find_mode_from_scratch(model, X, chunks, w0, tol, max_iter):
+    model, w0 = jax.lax.stop_gradient((model, w0))
+    prior = model.prior_cache(X)
+    empty = jnp.zeros((chunks.mask.shape[0], 0))
+    return _find_mode_jit(model, prior, chunks, empty, w0, tol, False, max_iter)
+
+
+def laplace_log_marginal(model, X, y, offset=None, *, tol: float = 1e-10, max_iter: int = 100,
+                         chunk_size: int = DEFAULT_CHUNK):
+    """Laplace approximation of the log marginal likelihood ``log p(y | X, θ)`` (nats).
+
+    ``Ψ(ŵ) − ½ log|I − Σ h_i a_i a_iᵀ|`` at the mode ``ŵ`` of the whitened log posterior
+    (GPML Eq. 3.32; for a sparse GP, that of the subset-of-regressors model, see the module
+    notes).  Usable inside ``jax.value_and_grad``/``jax.jit`` with respect to the model's
+    parameters: the mode is found without autodiff and the gradient comes from one Newton
+    step inside the differentiated function (see :func:`laplace_log_marginal_at`).
+
+    Parameters
+    ----------
+    model : GLM, GP or SparseGP (a SparseGP needs its inducing inputs as an (M, D) array, or
+        an int M to place them by k-means on ``X``, which needs concrete parameters).
+    X : (N, D) inputs; y : (N,) observations (user coding, validated by the likelihood);
+    offset : (N,) added to every latent, or None.
+    tol, max_iter : stopping rule of the Newton iterations (relative change of Ψ).
+    chunk_size : rows per chunk of the data sums.
+
+    Returns a JAX scalar.  Raises ``ValueError`` for the ``Laplace`` likelihood and bad input.
+    """
+    _check_likelihood(model.likelihood)
+    X = _check_X(X, "X")
+    y = model.likelihood.validate(y)
+    if y.shape[0] != X.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]} entries: lengths must match")
+    if offset is not None:
+        offset = np.asarray(offset, np.float64)
+        if offset.shape != (X.shape[0],) or not np.all(np.isfinite(offset)):
+            raise ValueError(f"offset must be a finite (N,) = ({X.shape[0]},) array")
+    if np.ndim(getattr(model, "inducing", np.zeros((1, 1)))) == 0:
+        model = model.initialise(X, y)
+    chunks = make_chunks(X, y, offset, chunk_size)
+    w, _, _ = find_mode(model, X, chunks, tol=tol, max_iter=max_iter)
+    return laplace_log_marginal_at(model, X, chunks, w)
