@@ -31,6 +31,7 @@ CASES = {
     "laplace": (L.Laplace(scale=0.8), [-1.3, 0.4, 2.1]),
     "studentt": (L.StudentT(df=4.0, scale=0.9), [-1.3, 0.4, 2.1]),
     "exponential": (L.Exponential(), [0.3, 1.5, 4.0]),
+    "sv": (L.StochasticVolatility(), [-1.3, 0.4, 2.1]),
 }
 IDS = list(CASES)
 
@@ -45,7 +46,7 @@ ALL_V = np.concatenate([SMALL_V, LARGE_V])
 # asserted (for peaked p(y|f), e.g. Poisson y=7 at m=−2, v=5, it is off by ~0.1 nats).
 HIGH_ORDER = 200
 
-CLOSED_FORM_E = ("gaussian", "poisson", "laplace", "exponential")
+CLOSED_FORM_E = ("gaussian", "poisson", "laplace", "exponential", "sv")
 
 
 def grid(ys, vs):
@@ -103,6 +104,8 @@ def ref_log_prob(name, lik, y, f):
         return stats.t.logpdf((y - f) / s, df=float(lik.df)) - np.log(s)
     if name == "exponential":
         return stats.expon.logpdf(y, scale=np.exp(f))  # rate e^{-f}, mean e^{f}
+    if name == "sv":
+        return stats.norm.logpdf(y, loc=0.0, scale=np.exp(f / 2))  # N(y | 0, e^f)
     raise KeyError(name)
 
 
@@ -128,6 +131,8 @@ def _fast_log_prob(name, lik, y):
         return lambda f: c - (nu + 1) / 2 * np.log1p(((y - f) / s) ** 2 / nu)
     if name == "exponential":
         return lambda f: -f - y * np.exp(-f)
+    if name == "sv":
+        return lambda f: -0.5 * (np.log(2 * np.pi) + f + y * y * np.exp(-f))
     raise KeyError(name)
 
 
@@ -181,6 +186,8 @@ def ref_conditional_moments(name, lik):
         return (lambda f: f), (lambda f: s**2 * nu / (nu - 2.0))
     if name == "exponential":
         return np.exp, (lambda f: np.exp(2.0 * f))
+    if name == "sv":
+        return (lambda f: 0.0), np.exp
     if name == "ordinal":
         lv = np.arange(len(EDGES) + 1.0)
         probs = lambda f: np.array([_ordinal_prob(k, f) for k in lv])  # noqa: E731

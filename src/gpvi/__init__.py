@@ -8,7 +8,7 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from . import engines, io, kernels, likelihoods, metrics  # noqa: E402
+from . import diagnostics, engines, io, kernels, likelihoods, metrics  # noqa: E402
 from ._module import Module, param, static  # noqa: E402
 from .fit import FitResult, fit, learnable_parameters  # noqa: E402
 from .models import GLM, GP, Model, SparseGP  # noqa: E402
@@ -32,5 +32,5 @@ def __getattr__(name):
 __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
-    "static", "io", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
+    "static", "io", "diagnostics", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
 ]

@@ -14,7 +14,7 @@ A likelihood author writes the maths once, pointwise:
   ρ, λ the exact derivatives of the objective every engine maximises, so fixed-point and
   gradient engines converge to the same optimum.
 - subclasses override ``expected_log_prob`` (or ``variational_moments``) where a closed form
-  exists: Gaussian, Poisson, Laplace, exponential.
+  exists: Gaussian, Poisson, Laplace, exponential, stochastic volatility.
 
 ``y`` passes through :meth:`Likelihood.validate` (NumPy, outside of JAX) which checks the
 support and maps labels to the internal coding, e.g. {0, 1} → {−1, +1} for Bernoulli.
@@ -31,7 +31,7 @@ from .quadrature import expect, gauss_hermite
 
 __all__ = [
     "Likelihood", "Gaussian", "Bernoulli", "Poisson", "Ordinal", "Laplace", "StudentT",
-    "Exponential",
+    "Exponential", "StochasticVolatility",
 ]
 
 _LOG2PI = float(np.log(2.0 * np.pi))
@@ -424,3 +424,43 @@ class Exponential(Likelihood):
     def predict_mean_and_var(self, m, v):
         mean = jnp.exp(m + 0.5 * v)
         return mean, 2.0 * jnp.exp(2.0 * m + 2.0 * v) - mean**2
+
+
+class StochasticVolatility(Likelihood):
+    """Stochastic-volatility observations: ``p(y|f) = N(y | 0, e^f)`` for real ``y``.
+
+    The latent ``f`` is the log variance (Rue et al. 2009; Khan et al. 2012).  With
+    ``f ~ N(m, v)`` the expectation has the closed form
+
+    ``E = −½ log 2π − m/2 − ½ y² e^{−m+v/2}``,
+
+    so ``ρ = −½ + ½ y² e^{−m+v/2}`` and ``γ = −λ = −2 ∂E/∂v = ½ y² e^{−m+v/2} ≥ 0``, which is
+    increasing in ``v``: Conditions 1 and 2a of Sheth & Khardon (2016) hold, so the
+    fixed-point update converges to V* or to a 2-cycle (their Theorem 1).  Their Remark 1
+    prints ``γ = e^{−2m} e^{2v}`` for this likelihood instead; it is also increasing in ``v``,
+    so the conclusion (Condition 2a) is the same either way.
+
+    The predictive distribution has mean 0 and variance ``E[e^f] = e^{m+v/2}``.  An
+    observation ``y = 0`` carries no information on the scale except that it is small
+    (``γ = 0`` and ``log p`` grows without bound as ``f → −∞``), so data with exact zeros
+    give a poorly determined posterior there.
+    """
+
+    def log_prob(self, y, f):
+        return -0.5 * (_LOG2PI + f + y**2 * jnp.exp(-f))
+
+    def expected_log_prob(self, y, m, v):
+        return -0.5 * (_LOG2PI + m + y**2 * jnp.exp(-m + 0.5 * v))
+
+    def variational_moments(self, y, m, v):
+        s = y**2 * jnp.exp(-m + 0.5 * v)  # E[y² e^{−f}]
+        return -0.5 * (_LOG2PI + m + s), 0.5 * (s - 1.0), -0.5 * s
+
+    def conditional_mean(self, f):
+        return jnp.zeros_like(f)
+
+    def conditional_variance(self, f):
+        return jnp.exp(f)
+
+    def predict_mean_and_var(self, m, v):
+        return jnp.zeros_like(m), jnp.exp(m + 0.5 * v)

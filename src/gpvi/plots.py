@@ -3,9 +3,11 @@
 - :func:`plot_traces` — VLB against wall-clock time of several fits on one axis, e.g. the
   same model fitted by different engines;
 - :func:`plot_posterior_1d` — the posterior of a model with one input: the predictive mean
-  with a 95 % band, the data, and the inducing inputs of a sparse GP.
+  with a 95 % band, the data, and the inducing inputs of a sparse GP;
+- :func:`plot_condition_map` — the sign of ∂γ/∂v over (m, v) from
+  :func:`gpvi.diagnostics.check_conditions` (Sheth & Khardon 2016, Fig. 1).
 
-Both draw on ``ax`` (a new figure when ``None``) and return the axis.  matplotlib is
+All draw on ``ax`` (a new figure when ``None``) and return the axis.  matplotlib is
 imported only when a plot is drawn, so ``import gpvi.plots`` works without it.
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["plot_traces", "plot_posterior_1d", "require_matplotlib"]
+__all__ = ["plot_traces", "plot_posterior_1d", "plot_condition_map", "require_matplotlib"]
 
 _Z95 = 1.959963984540054
 
@@ -129,4 +131,71 @@ def plot_posterior_1d(fit, X, y=None, ax=None, *, grid=None, scale: str = "data"
                 label="inducing inputs")
     ax.set_xlabel("x")
     ax.legend()
+    return ax
+
+
+# ---- convergence conditions (Sheth & Khardon 2016, Fig. 1) --------------------------------
+_SIGN_COLOURS = {-1: "#4477aa", 0: "#dddddd", 1: "#ee9933", 2: "#aa3377"}
+_SIGN_LABELS = {-1: "γ decreasing in v", 0: "γ flat in v (≈ 0)", 1: "γ increasing in v",
+                2: "sign depends on y"}
+
+
+def plot_condition_map(report, points=None, ax=None, *, y_index=None, point_size: float = 6.0,
+                       legend: bool = True):
+    """The sign of ∂γ/∂v over the ``(m, v)`` grid of a :class:`gpvi.diagnostics.ConditionReport`,
+    like Figure 1a of Sheth & Khardon (2016), optionally with ``(m_i, v_i)`` points over it
+    (Figure 1b/c).
+
+    Colours: γ decreasing in v (blue), increasing (orange), flat up to rounding (grey) and,
+    when the report holds several y values and ``y_index`` is None, purple where the sign
+    differs between them (:attr:`ConditionReport.combined_sign`).  ``y_index`` picks the map
+    of one y value (``report.y_values[y_index]``).  ``points``: a
+    :class:`gpvi.diagnostics.FitConditions`, a pair ``(m, v)`` of (N,) arrays or an (N, 2)
+    array; drawn as small black dots.  The x-axis is m, the y-axis v.
+    """
+    for attr in ("sign", "m", "v", "y_values"):
+        if not hasattr(report, attr):
+            raise ValueError("report must be a gpvi.diagnostics.ConditionReport (from check_conditions)")
+    if y_index is None:
+        sign = report.combined_sign if report.sign.shape[0] > 1 else report.sign[0]
+    else:
+        K = len(report.y_values)
+        if isinstance(y_index, bool) or int(y_index) != y_index or not (-K <= y_index < K):
+            raise ValueError(f"y_index must index report.y_values (length {len(report.y_values)}), got {y_index!r}")
+        sign = report.sign[int(y_index)]
+    pm = pv = None
+    if points is not None:
+        if hasattr(points, "m") and hasattr(points, "v"):
+            pm, pv = points.m, points.v
+        elif isinstance(points, tuple) and len(points) == 2:
+            pm, pv = points
+        else:
+            arr = np.asarray(points, dtype=np.float64)
+            if arr.ndim != 2 or arr.shape[1] != 2:
+                raise ValueError("points must be a FitConditions, a pair (m, v) of arrays or an (N, 2) array")
+            pm, pv = arr[:, 0], arr[:, 1]
+        pm, pv = (np.asarray(a, dtype=np.float64).reshape(-1) for a in (pm, pv))
+        if pm.shape != pv.shape:
+            raise ValueError(f"points: m has {pm.size} entries but v has {pv.size}")
+    ax = _axis(ax)
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+    from matplotlib.patches import Patch
+
+    keys = [-1, 0, 1, 2]
+    cmap = ListedColormap([_SIGN_COLOURS[k] for k in keys])
+    norm = BoundaryNorm([-1.5, -0.5, 0.5, 1.5, 2.5], cmap.N)
+    ax.pcolormesh(np.asarray(report.m), np.asarray(report.v), np.asarray(sign).T, cmap=cmap, norm=norm,
+                  shading="nearest", rasterized=True)
+    if pm is not None:
+        ax.scatter(pm, pv, s=point_size, c="k", linewidths=0, label="(m_i, v_i)")
+    ax.set_xlabel("m")
+    ax.set_ylabel("v")
+    ax.set_xlim(float(report.m[0]), float(report.m[-1]))
+    ax.set_ylim(float(report.v[0]), float(report.v[-1]))
+    if legend:
+        present = [k for k in keys if np.any(np.asarray(sign) == k)]
+        handles = [Patch(color=_SIGN_COLOURS[k], label=_SIGN_LABELS[k]) for k in present]
+        if pm is not None:
+            handles.append(ax.collections[-1])
+        ax.legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.85)
     return ax
