@@ -33,7 +33,7 @@ CLI_VERSION = 1
 
 LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential")
 MODELS = ("sparse", "full", "glm", "auto")
-ENGINES = ("fpi", "fpb", "gradient")
+ENGINES = ("fpi", "fpb", "gradient", "dual", "laplace")
 CLASSIFIERS = ("bernoulli", "probit", "ordinal")
 STANDARDISED_TARGET = ("gaussian", "laplace", "studentt")  # identity link: y is standardised for the fit
 LOG_LINK = ("poisson", "exponential")
