@@ -1,10 +1,17 @@
-"""Cross-engine agreement and closed-form checks (issue #2 acceptance items 1 and 2).
+"""Cross-engine agreement and closed-form checks (issue #2 items 1–2, issue #4 item 1).
 
 Prints, for every problem, the VLB each engine reaches, the largest relative gap to the best
 engine, iterations and seconds, and for Gaussian likelihoods the closed-form reference
 (Titsias' collapsed bound for the sparse GP, the exact log marginal likelihood for the full
 GP).  Problems: sparse GP (N = 2000, M = 50, k-means) with logistic, probit, Poisson, ordinal,
 Laplace and Student-t likelihoods; full GP (N = 500) and GLM with logistic and Poisson.
+
+Engines: fpi, fpb and gradient everywhere; ``dual`` where the likelihood has a Fenchel
+conjugate (Gaussian, Poisson, Bernoulli) — elsewhere it refuses with a ValueError, shown as
+"n/a"; ``laplace`` only for Gaussian likelihoods, where its Gaussian is the exact optimum (for
+other likelihoods it is not a VLB maximiser, so it is not compared).  An engine that ends with
+``converged=False`` is listed as "failed" with its message and left out of the gap (the dual
+engine on logistic/probit models, where strong duality does not hold).
 Writes ``results/agreement.json`` and ``results/agreement.png``.
 """
 from __future__ import annotations
@@ -23,21 +30,39 @@ from gpvi import likelihoods as L  # noqa: E402
 from test_engines import _jittered, _problem, _regression_data, _titsias_bound  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ENGINES = ("fpi", "fpb", "gradient")
+ENGINES = ("fpi", "fpb", "gradient", "dual", "laplace")
 
 
 def run(model, X, y):
     model = model.initialise(X)
+    gaussian = isinstance(model.likelihood, L.Gaussian)
     out = {}
     for e in ENGINES:
-        gpvi.fit(model, X, y, engine=e, max_iter=2)  # compile
+        if e == "laplace" and not gaussian:
+            out[e] = dict(status="n/a", message="not a VLB maximiser for non-Gaussian likelihoods")
+            continue
+        try:
+            gpvi.fit(model, X, y, engine=e, max_iter=2)  # compile
+        except ValueError as err:
+            out[e] = dict(status="n/a", message=str(err))
+            continue
         t = time.perf_counter()
         r = gpvi.fit(model, X, y, engine=e, tol=1e-11, max_iter=5000)
         out[e] = dict(vlb=r.vlb, iterations=r.iterations, seconds=time.perf_counter() - t,
-                      converged=r.converged, backtracks=r.backtracks)
-    best = max(v["vlb"] for v in out.values())
-    gap = max(abs(v["vlb"] - best) / abs(best) for v in out.values())
+                      converged=r.converged, backtracks=r.backtracks, message=r.message,
+                      status="ok" if r.converged else "failed", extras=r.extras)
+    ok = [v for v in out.values() if v["status"] == "ok"]
+    best = max(v["vlb"] for v in ok)
+    gap = max(abs(v["vlb"] - best) / abs(best) for v in ok)
     return out, gap
+
+
+def _cell(v):
+    if v["status"] == "ok":
+        return f"{v['vlb']:17.6f}"
+    if v["status"] == "failed":
+        return f"{'failed ' + format(v['vlb'], '.2f'):>17}"
+    return f"{'n/a':>17}"
 
 
 def main():
@@ -72,18 +97,25 @@ def main():
         rows.append(("GLM N=500 d=5", kind, res, gap, None))
 
     head = (f"{'model':<20}{'likelihood':<11}" + "".join(f"{e + ' VLB':>17}" for e in ENGINES)
-            + f"{'max rel gap':>13}{'closed form':>17}{'rel err':>10}  iterations (fpi/fpb/grad)  seconds")
+            + f"{'max rel gap':>13}{'closed form':>17}{'rel err':>10}  iterations (fpi/fpb/grad/dual/lap)  seconds")
     print(head)
     js = []
     for name, kind, res, gap, ref in rows:
-        rel = "" if ref is None else f"{max(abs(res[e]['vlb'] - ref) / abs(ref) for e in ('fpi', 'fpb')):10.1e}"
-        print(f"{name:<20}{kind:<11}" + "".join(f"{res[e]['vlb']:17.6f}" for e in ENGINES)
+        ok = [e for e in ENGINES if res[e]["status"] == "ok"]
+        rel = "" if ref is None else f"{max(abs(res[e]['vlb'] - ref) / abs(ref) for e in ok):10.1e}"
+        print(f"{name:<20}{kind:<11}" + "".join(_cell(res[e]) for e in ENGINES)
               + f"{gap:13.1e}" + (f"{ref:17.6f}" if ref is not None else " " * 17) + rel
-              + "  " + "/".join(str(res[e]["iterations"]) for e in ENGINES).ljust(26)
-              + "/".join(f"{res[e]['seconds']:.2f}" for e in ENGINES))
+              + "  " + "/".join(str(res[e].get("iterations", "-")) for e in ENGINES).ljust(26)
+              + "/".join(f"{res[e]['seconds']:.2f}" if "seconds" in res[e] else "-" for e in ENGINES))
         js.append(dict(model=name, likelihood=kind, engines=res, max_relative_gap=gap, closed_form=ref))
     worst = max(r[3] for r in rows)
     print(f"\nworst cross-engine relative gap: {worst:.1e} (target 1e-6): {'PASS' if worst <= 1e-6 else 'FAIL'}")
+    for name, kind, res, _, _ in rows:
+        for e in ENGINES:
+            if res[e]["status"] == "failed":
+                gap_nats = res[e]["extras"].get("duality_gap")
+                print(f"reported failure: {e} on {name} {kind}: {res[e]['message']}"
+                      + (f" (duality gap {gap_nats:.3g} nats)" if gap_nats is not None else ""))
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
     with open(os.path.join(HERE, "results", "agreement.json"), "w") as fh:
         json.dump(dict(rows=js, worst_gap=worst), fh, indent=1)
@@ -94,14 +126,17 @@ def main():
 
     fig, ax = plt.subplots(figsize=(9, 4))
     labels = [f"{r[0]}\n{r[1]}" for r in rows]
+    best = [max(v["vlb"] for v in r[2].values() if v["status"] == "ok") for r in rows]
     for i, e in enumerate(ENGINES):
-        best = [max(v["vlb"] for v in r[2].values()) for r in rows]
-        gaps = [max(abs(r[2][e]["vlb"] - b) / abs(b), 1e-17) for r, b in zip(rows, best)]
-        ax.scatter(np.arange(len(rows)) + 0.15 * (i - 1), gaps, label=e)
+        idx = [j for j, r in enumerate(rows) if r[2][e]["status"] != "n/a"]
+        gaps = [max(abs(rows[j][2][e]["vlb"] - best[j]) / abs(best[j]), 1e-17) for j in idx]
+        failed = [rows[j][2][e]["status"] == "failed" for j in idx]
+        ax.scatter(np.array(idx) + 0.12 * (i - 2), gaps, label=e, marker="o",
+                   facecolors=["none" if f else f"C{i}" for f in failed], edgecolors=f"C{i}")
     ax.axhline(1e-6, color="k", ls="--", lw=0.8)
     ax.set_yscale("log")
     ax.set_xticks(range(len(rows)), labels, rotation=60, fontsize=7)
-    ax.set_ylabel("relative gap to best VLB")
+    ax.set_ylabel("relative gap to best VLB\n(hollow: engine reported failure)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(HERE, "results", "agreement.png"), dpi=120)

@@ -35,3 +35,149 @@ def test_scale_benchmark_quick(tmp_path):
     out = _run("scale.py", tmp_path)
     assert all(run["converged"] for run in out["runs"])
     assert out["n_ratio"] == 10
+
+
+@pytest.mark.slow
+def test_conditions_benchmark_quick(tmp_path):
+    # Runs without the shared data too (the Fig. 1b/c fits are then skipped).
+    out = _run("conditions.py", tmp_path)
+    grid = out["grid_results"]
+    assert all(r["as_expected"] for r in grid.values()), {k: r["summary"] for k, r in grid.items()}
+    assert grid["poisson"]["condition2a"] and not grid["studentt"]["condition1"]
+    assert (tmp_path / "conditions_quick.md").read_text().count("| holds |") >= 5
+    if (ROOT.parent / "shared" / "data" / "german_numer").is_dir():
+        for r in out["fit_results"].values():
+            assert r["fraction_increasing"] + r["fraction_decreasing"] + r["fraction_flat"] == pytest.approx(1.0)
+
+
+@pytest.mark.slow
+def test_contraction_benchmark_quick(tmp_path):
+    out = _run("contraction.py", tmp_path)  # synthetic data only: no shared data needed
+    assert out["checks"]["passed"], out["checks"]  # Gaussian closed form, Poisson brute force, sampler
+    assert (tmp_path / "contraction_quick.md").read_text().count("| **") == 3  # one verdict per likelihood
+    for lik, rows in out["summary"].items():
+        for M, s in rows.items():
+            pairs = out["pairs"][lik][M]
+            assert s["pairs"] == out["config"]["reps"] == len(pairs["d_in"])
+            # Ũ, Ṽ have eigenvalues in (0, 1), so their whitened distance is below 1.
+            assert 0 < max(pairs["d_in_w"]) < 1
+            assert s["mean_not_converged"] == 0
+            ratios = [o / i for o, i in zip(pairs["d_out"], pairs["d_in"])]  # stored to 5 digits
+            assert max(ratios) == pytest.approx(s["max_ratio"], rel=1e-3)
+    # Count and binary: the paper's claim (and Sheth & Khardon 2016's convergence theory).
+    for lik in ("poisson", "bernoulli"):
+        assert all(s["fraction_contracting"] == 1.0 for s in out["summary"][lik].values())
+
+
+@pytest.mark.slow
+def test_vlb_time_benchmark_quick(tmp_path):
+    if not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("needs the shared data sets (../shared/data)")
+    out = _run("vlb_time.py", tmp_path)
+    md = (tmp_path / "vlb_time_quick.md").read_text()
+    assert "FPi reaches the optimum VLB faster than GRAD" in md
+    cells = {f"{c['model']}:{c['likelihood']}": c for c in out["cells"]}
+    assert set(cells) == {"glm:studentt", "sparse:poisson"}
+    for c in cells.values():
+        assert "error" not in c, c.get("error")
+        assert set(c["runs"]) == {"fpi", "fpb", "gradient", "fpi_seq"}
+        assert c["verdict_fpi_grad"] in ("holds", "partly", "does not hold")
+        # best = the highest VLB of any trace; every engine improved on the common start
+        for r in c["runs"].values():
+            tr = r["trace"]
+            assert max(row[1] for row in tr) <= c["best_vlb"]
+            assert r["final_vlb"] > tr[0][1]
+    # Poisson (log-concave, Condition 1 + 2a): fpi converges to the optimum, GRAD agrees closely
+    pois = cells["sparse:poisson"]["runs"]
+    assert pois["fpi"]["status"] == "converged"
+    assert pois["fpi"]["rel_gap"] < 1e-8 and pois["fpb"]["rel_gap"] < 1e-8
+    assert pois["gradient"]["rel_gap"] < 1e-4
+    # Student-t: γ is clipped in the fp engines' steps, never in GRAD's
+    st = cells["glm:studentt"]["runs"]
+    assert st["fpi"]["clipped"] > 0 and st["gradient"]["clipped"] == 0
+    assert cells["glm:studentt"]["conditions"]["condition1"] is False
+
+
+@pytest.mark.slow
+def test_blogfeedback_benchmark_quick(tmp_path):
+    if not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("needs the shared data sets (../shared/data)")
+    out = _run("blogfeedback.py", tmp_path)
+    assert out["problem"]["N"] == 5000 and out["model"]["M"] == 50
+    assert out["fpi"]["status"] == "converged"
+    # the best VLB is the maximum over both engines' traces, and fpi gets within its tolerance
+    assert out["best_vlb"] >= max(out["fpi"]["vlb"], out["gradient"]["vlb"])
+    assert out["best_vlb"] - out["fpi"]["vlb"] <= 1e-5 * abs(out["best_vlb"])
+    assert out["peak_rss_mb"] > 0
+    assert "2709" in (tmp_path / "blogfeedback_quick.md").read_text()
+
+
+def _run_curves(script, tmp_path):
+    """``_run`` with a longer limit: these quick runs are dominated by JAX compilation (seven
+    methods × three likelihoods × two sizes), which takes minutes on a busy 2-core machine."""
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--outdir", str(tmp_path)],
+                   check=True, capture_output=True, text=True, timeout=1800)
+    name = script.removesuffix(".py")
+    assert (tmp_path / f"{name}_quick.png").stat().st_size > 0
+    return json.loads((tmp_path / f"{name}_quick.json").read_text())
+
+
+def _check_curves(out, learn):
+    """Structure and engine-independent properties of a learning_curves/hyperparameters JSON."""
+    ok = {"ok", "not converged", "non-finite VLB", "error", "budget exceeded", "n/a", "skipped"}
+    tasks = set()
+    for name, R in out["results"].items():
+        task = R["info"]["task"]
+        tasks.add(task)
+        assert len(R["sizes"]) == len(out["config"]["sizes"]), name
+        for M, S in R["sizes"].items():
+            assert len(S["folds"]) == out["config"]["folds"]
+            for fold in S["folds"]:
+                recs = fold["methods"]
+                assert len(recs) == 7
+                assert all(r["status"] in ok for r in recs.values())
+                # FP and gradient on the sparse model always work on these problems
+                for key in ("fpi:sparse", "gradient:sparse", "fpi:sod"):
+                    assert recs[key]["status"] == "ok", (name, M, key, recs[key].get("message"))
+                    err = recs[key]["error"]
+                    assert err is not None and 0.0 <= err and (task == "count" or err <= 1.0)
+                    if learn:
+                        assert recs[key]["hyperparameters"]["lengthscale"] > 0
+                if "dual" in out["engines_available"] and task == "ordinal":
+                    assert recs["dual:sparse"]["status"] == "n/a"  # no Fenchel conjugate
+                if task == "count" and not learn:
+                    # two engines on one concave problem: the same optimum (strong duality)
+                    a, b = recs["fpi:sparse"]["vlb"], recs["gradient:sparse"]["vlb"]
+                    assert abs(a - b) <= 1e-3 * abs(a)
+    assert tasks == {"count", "binary", "ordinal"}
+    assert all(c["verdict"] in ("holds", "partly", "does not hold", "not tested") for c in out["claims"])
+
+
+@pytest.mark.slow
+def test_learning_curves_benchmark_quick(tmp_path):
+    if not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("needs the shared data sets (../shared/data)")
+    out = _run_curves("learning_curves.py", tmp_path)
+    assert out["config"]["sizes"] == [20, 40] and out["config"]["folds"] == 2
+    _check_curves(out, learn=False)
+    assert len(out["claims"]) == 5
+    # the sparse model sees all training rows: on these data it beats SoD at the larger size
+    for name, R in out["results"].items():
+        s = R["sizes"]["40"]["summary"]
+        assert s["fpi:sparse"]["error"] <= min(s[k]["error"] for k in ("fpi:sod", "gradient:sod")) + 0.02, name
+    md = (tmp_path / "learning_curves_quick.md").read_text()
+    assert "| claim" in md and "(e) ordinal" in md
+
+
+@pytest.mark.slow
+def test_hyperparameters_benchmark_quick(tmp_path):
+    if not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("needs the shared data sets (../shared/data)")
+    out = _run_curves("hyperparameters.py", tmp_path)
+    _check_curves(out, learn=True)
+    # every method learned its own hyperparameters: FP-sparse moved away from the default σ² = 1
+    for R in out["results"].values():
+        for S in R["sizes"].values():
+            for fold in S["folds"]:
+                assert fold["methods"]["fpi:sparse"]["hyperparameters"]["variance"] != 1.0
+    assert "Fig. 4" in (tmp_path / "hyperparameters_quick.md").read_text()
