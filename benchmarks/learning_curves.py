@@ -39,7 +39,10 @@ Protocol (per data set and active-set size M):
 
 A method that raises, returns a non-finite VLB or ``converged=False`` is recorded as a failure
 with its message (failures are findings: the paper reports dual failures on binary data); its
-test error is still recorded when its predictions are finite.  The dual engine has no Fenchel
+test error is still recorded when its predictions are finite.  A fit still running after
+``--budget`` CPU seconds (10; 3 in ``--quick``) is stopped (from its callback, or by a SIGPROF
+timer inside hyperparameter learning) and recorded as "budget exceeded", a failure without a
+test error.  The dual engine has no Fenchel
 conjugate for the ordinal likelihood: recorded as "n/a" (the paper could not run it either).
 An engine absent from ``gpvi.engines.ENGINES`` is recorded as "skipped".
 
@@ -50,7 +53,8 @@ USPS 3 vs 5 (1540 × 256), musk (clean2, 6598 × 166); ordinal (Chu & Ghahramani
 available; BlogFeedback and ordinal abalone stand in for them.
 
 Writes ``results/learning_curves[_quick].{json,png,md}``.  ``--quick``: abalone counts, musk and
-stocks subsampled to 300 rows, sizes {20, 40}, 2 folds.
+stocks subsampled to 300 rows, sizes {20, 40}, 2 folds.  ``--from-json FILE`` redoes the tables,
+claims, figure and markdown from an earlier run's JSON without fitting.
 """
 from __future__ import annotations
 
@@ -94,7 +98,9 @@ FULL_DATASETS = tuple(DATASETS)
 QUICK_DATASETS = ("abalone", "musk", "stocks")
 QUICK_ROWS = 300
 # CPU seconds allowed per fit (full run, quick run): learning hyperparameters runs the engine many times
-BUDGET = {"learning_curves": (10.0, 3.0), "hyperparameters": (30.0, 5.0)}
+BUDGET = {"learning_curves": (10.0, 3.0), "hyperparameters": (20.0, 5.0)}
+# default (sizes, folds) of the full runs: learning every method's hyperparameters costs more
+DEFAULTS = {"learning_curves": ([25, 50, 100, 200], 3), "hyperparameters": ([25, 50, 100], 2)}
 
 
 def method_name(engine, kind):
@@ -108,8 +114,10 @@ def parse_args(argv=None, *, name="learning_curves", datasets=FULL_DATASETS, doc
                    help=f"smoke run: {', '.join(QUICK_DATASETS)} capped at {QUICK_ROWS} rows, sizes 20 40, 2 folds")
     p.add_argument("--datasets", nargs="+", default=None, choices=sorted(DATASETS),
                    help=f"data sets (default: {' '.join(datasets)})")
-    p.add_argument("--sizes", nargs="+", type=int, default=None, help="active-set sizes (default 25 50 100 200)")
-    p.add_argument("--folds", type=int, default=None, help="cross-validation folds (default 3; quick 2)")
+    p.add_argument("--sizes", nargs="+", type=int, default=None,
+                   help=f"active-set sizes (default {' '.join(map(str, DEFAULTS[name][0]))}; quick 20 40)")
+    p.add_argument("--folds", type=int, default=None,
+                   help=f"cross-validation folds (default {DEFAULTS[name][1]}; quick 2)")
     p.add_argument("--methods", nargs="+", default=None, metavar="ENGINE:KIND",
                    help="subset of methods as engine:kind, e.g. fpi:sparse gradient:sod "
                         "(default: the seven of the paper)")
@@ -132,8 +140,8 @@ def parse_args(argv=None, *, name="learning_curves", datasets=FULL_DATASETS, doc
     a = p.parse_args(argv)
     a.name = name
     a.datasets = a.datasets or list(QUICK_DATASETS if a.quick else datasets)
-    a.sizes = sorted(set(a.sizes or ([20, 40] if a.quick else [25, 50, 100, 200])))
-    a.folds = a.folds or (2 if a.quick else 3)
+    a.sizes = sorted(set(a.sizes or ([20, 40] if a.quick else DEFAULTS[name][0])))
+    a.folds = a.folds or (2 if a.quick else DEFAULTS[name][1])
     if a.folds < 2:
         p.error("--folds must be at least 2")
     if min(a.sizes) < 2:
