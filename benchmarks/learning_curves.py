@@ -256,25 +256,37 @@ class BudgetExceeded(Exception):
 FAILED = ("not converged", "non-finite VLB", "error", "budget exceeded")
 
 
+_ARMED = [False]
+
+
+def _on_sigprof(signum, frame):
+    if _ARMED[0]:
+        _ARMED[0] = False
+        raise BudgetExceeded
+
+
 @contextlib.contextmanager
 def cpu_budget(seconds):
     """Raise :class:`BudgetExceeded` in the main thread once this process has used ``seconds``
     more CPU time (a SIGPROF interval timer, so it also interrupts loops that call back nothing).
-    A no-op for ``None``, off the main thread, or where ``setitimer`` does not exist."""
+    A no-op for ``None``, off the main thread, or where ``setitimer`` does not exist.
+
+    The handler stays installed afterwards and ignores a SIGPROF that arrives once the budget is
+    disarmed: restoring the default action (terminate the process) would let a signal already
+    in flight kill the run.
+    """
     if seconds is None or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def handler(signum, frame):
-        raise BudgetExceeded
-
-    old = signal.signal(signal.SIGPROF, handler)
+    if signal.getsignal(signal.SIGPROF) is not _on_sigprof:
+        signal.signal(signal.SIGPROF, _on_sigprof)
+    _ARMED[0] = True
     signal.setitimer(signal.ITIMER_PROF, seconds)
     try:
         yield
     finally:
+        _ARMED[0] = False
         signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, old)
 
 
 def run_method(engine, kind, gp, Xtr, ytr, M, task, *, init=None, tol=1e-6, max_iter=500, learn=None,

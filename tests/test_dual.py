@@ -8,6 +8,10 @@ Bernoulli conjugate.
 """
 import numpy as np
 import pytest
+
+# Whole-engine checks with many JAX compilations: in the full suite, not in the quick subset
+# (`-m "not slow"`); `tests/test_fit_options.py` and the CLI tests keep a quick path through fit().
+pytestmark = pytest.mark.slow
 from scipy.special import gammaln, log_ndtr
 
 import gpvi

@@ -9,6 +9,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+# Whole-engine checks with many JAX compilations: in the full suite, not in the quick subset
+# (`-m "not slow"`); `tests/test_fit_options.py` and the CLI tests keep a quick path through fit().
+pytestmark = pytest.mark.slow
 import scipy.optimize
 from scipy.special import expit, gammaln
 
