@@ -168,6 +168,7 @@ def run_likelihood(lik, args, log):
     # fit (the M×M LAPACK calls of each step otherwise leave OpenBLAS threads spinning, which
     # compete with XLA's threads for the cores during the next data pass)
     limited = blas_limited_fpi(model, X, y, vlb_star, args.repeats)
+    breakdown = pass_breakdown(model, X, y, args.repeats * 7)
 
     med = {}
     for eng, rs in runs.items():
@@ -205,7 +206,7 @@ def run_likelihood(lik, args, log):
                 fpi_median_step_seconds=fpi_step, fpi_median_step_over_product=fpi_step / product,
                 fpi_iteration_over_product=ratio_iter, gradient_over_fpi_seconds_to_target=ratio_grad,
                 gradient_seconds_to_target_source=grad_source, targets=targets,
-                fpi_blas_limited=limited)
+                fpi_blas_limited=limited, breakdown=breakdown)
 
 
 def blas_limited_fpi(model, X, y, vlb_star, repeats):
@@ -222,6 +223,38 @@ def blas_limited_fpi(model, X, y, vlb_star, repeats):
                 median_step_seconds=C.median([s for r in rs for s in np.diff(r["trace"][:, 0])]),
                 seconds=C.median([r["seconds"] for r in rs]),
                 seconds_to_target=C.median([r["seconds_to_target"] for r in rs]))
+
+
+def pass_breakdown(model, X, y, repeats):
+    """Where the time of one fpi iteration goes, each part over one NumPy product.
+
+    ``xla_product``: the same (M×M)(M×N) product in XLA, jitted; ``pass_gaussian``: the
+    library's data pass (``Objective.sums``: latent marginals, ``Σρa``, ``Σλaaᵀ``) of the same
+    model with a Gaussian likelihood, whose moments cost next to nothing, so this is the price of
+    the two O(N·M²) products and their elementwise work; ``pass``: the same with the benchmark's
+    likelihood.  All at the prior state, BLAS limited to one thread as in ``gpvi.fit``.
+    """
+    import jax
+    import jax.numpy as jnp
+    from threadpoolctl import threadpool_limits
+
+    y = model.likelihood.validate(y)
+    M = model.num_weights(X)
+    state = gpvi.prior_state(M)
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((M, M)), rng.standard_normal((M, X.shape[0]))
+    Aj, Bj = jnp.asarray(A), jnp.asarray(B)
+    xla = jax.jit(lambda a, b: a @ b)
+    gauss = model.replace(likelihood=gpvi.likelihoods.Gaussian(variance=1.0))
+    objs = {"pass_gaussian": gpvi.Objective(gauss, X, np.asarray(y, float)), "pass": gpvi.Objective(model, X, y)}
+    time.sleep(0.3)
+    out = {"numpy_product": C.median_seconds(lambda: A @ B, repeats=repeats)[0]}
+    with threadpool_limits(1, user_api="blas"):
+        out["xla_product"] = C.median_seconds(lambda: xla(Aj, Bj).block_until_ready(), repeats=repeats)[0]
+        for k, obj in objs.items():
+            out[k] = C.median_seconds(lambda o=obj: jax.block_until_ready(o.sums(state)), repeats=repeats)[0]
+    out["over_product"] = {k: v / out["numpy_product"] for k, v in out.items() if k != "numpy_product"}
+    return out
 
 
 # ---- output -----------------------------------------------------------------------------------
@@ -255,6 +288,11 @@ def report(results, args):
                   f"{lim['seconds_per_iteration'] * 1e3:.2f} ms ({lim['seconds_per_iteration'] / R['product_seconds']:.2f}x), "
                   f"median step {lim['median_step_seconds'] * 1e3:.2f} ms "
                   f"({lim['median_step_seconds'] / R['product_seconds']:.2f}x); s to 0.01 nats {C.fmt(lim['seconds_to_target'])}")
+        b = R["breakdown"]
+        r = b["over_product"]
+        print(f"  breakdown, over one NumPy product ({b['numpy_product'] * 1e3:.2f} ms): the same product in XLA "
+              f"{r['xla_product']:.2f}x; data pass with a Gaussian likelihood {r['pass_gaussian']:.2f}x; "
+              f"data pass with this likelihood {r['pass']:.2f}x")
     if args.quick:
         print("  (--quick: at these sizes fixed per-iteration overheads dominate; the targets are meant "
               "for the full run)")

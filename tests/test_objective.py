@@ -1,11 +1,9 @@
-"""The chunked data sums against a dense NumPy computation, for every block layout of the
-triangular/symmetric products (d < 96: one block; 96 ≤ d < 160: two; d ≥ 160: three)."""
+"""The chunked data sums against a dense NumPy computation."""
 import numpy as np
 import pytest
 
 import gpvi
 from gpvi import likelihoods as L
-from gpvi.objective import _row_blocks
 
 
 @pytest.mark.parametrize("d", [7, 130, 200])
@@ -33,15 +31,8 @@ def test_sums_match_dense_numpy(rng, d):
     np.testing.assert_allclose(np.asarray(sums.grad), A.T @ rho - m, rtol=1e-10, atol=1e-10)
     S = np.asarray(sums.S)
     np.testing.assert_allclose(S, (A * lam[:, None]).T @ A, rtol=1e-10, atol=1e-10)
-    np.testing.assert_array_equal(S, S.T)
+    np.testing.assert_allclose(S, S.T, rtol=0, atol=0)
     np.testing.assert_allclose(float(obj.vlb(gpvi.State(m, C))), E.sum() - kl, rtol=1e-12)
-
-
-def test_row_blocks_cover_all_rows():
-    for d in (1, 50, 95, 96, 159, 160, 200, 1000):
-        blocks = _row_blocks(d)
-        assert blocks[0][0] == 0 and blocks[-1][1] == d
-        assert all(a[1] == b[0] for a, b in zip(blocks, blocks[1:]))
 
 
 def test_non_triangular_init_is_refactorised(rng):
