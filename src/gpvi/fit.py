@@ -28,7 +28,7 @@ from .likelihoods import Bernoulli, Ordinal, _as_array, _is_real_dtype
 from .models import Model, _check_X
 from .objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Objective, State, make_chunks, prior_state, \
     vlb_in_hyperparameters
-from .predict import latent_moments
+from .predict import latent_moments, likelihood_call
 
 __all__ = ["fit", "FitResult", "learnable_parameters"]
 
@@ -99,7 +99,7 @@ class FitResult:
         For Bernoulli the mean is ``P(y = 1)``; for ordinal it is the expected level.
         """
         m, v = self.predict_f(X, offset)
-        mean, var = self.model.likelihood.predict_mean_and_var(jnp.asarray(m), jnp.asarray(v))
+        mean, var = likelihood_call(self.model.likelihood, "predict_mean_and_var", m, v)
         return np.asarray(mean), np.asarray(var)
 
     def predict_proba(self, X, offset=None):
@@ -110,10 +110,10 @@ class FitResult:
             raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
         m, v = self.predict_f(X, offset)
         if isinstance(lik, Bernoulli):
-            p, _ = lik.predict_mean_and_var(jnp.asarray(m), jnp.asarray(v))
+            p, _ = likelihood_call(lik, "predict_mean_and_var", m, v)
             p = np.asarray(p)
             return np.stack([1.0 - p, p], axis=1)
-        return np.asarray(lik.level_probabilities(jnp.asarray(m), jnp.asarray(v)))
+        return np.asarray(likelihood_call(lik, "level_probabilities", m, v))
 
     def log_predictive_density(self, X, y, offset=None):
         """Per-point ``log p(y* | data)`` at inputs ``X``: an (N,) array."""
@@ -122,7 +122,7 @@ class FitResult:
         if y.shape[0] != X.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]} entries")
         m, v = latent_moments(self.model, self.prior, self.state, X, offset, self.chunk_size)
-        return np.asarray(self.model.likelihood.predictive_log_density(jnp.asarray(y), m, v))
+        return np.asarray(likelihood_call(self.model.likelihood, "predictive_log_density", y, m, v))
 
 
 def _check_offset(offset, N, name="offset"):

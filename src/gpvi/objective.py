@@ -62,7 +62,8 @@ class Chunks(NamedTuple):
 
 def prior_state(d: int) -> State:
     """The prior ``N(0, I)`` as a state (the default starting point)."""
-    return State(jnp.zeros(d), jnp.eye(d))
+    # built in NumPy and transferred: jnp.zeros/jnp.eye would each compile for every new d
+    return State(jnp.asarray(np.zeros(d)), jnp.asarray(np.eye(d)))
 
 
 def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK) -> Chunks:
@@ -110,7 +111,7 @@ def _marginals_stacked(At, b, c, off, W):
 
 @partial(jax.jit, static_argnames=("cached", "want_hessian", "clip_gamma"))
 def _sums(model, prior, chunks, proj, state, cached, want_hessian, clip_gamma=False):
-    """``(Σ E_i, Σ ρ_i a_i, Σ λ_i a_i a_iᵀ)`` over all chunks."""
+    """``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)`` over all chunks (the fields of :class:`Sums`)."""
     lik = model.likelihood
     d = state.mean.shape[0]
     W = _stacked(state)
@@ -132,8 +133,9 @@ def _sums(model, prior, chunks, proj, state, cached, want_hessian, clip_gamma=Fa
 
     init = (jnp.zeros(()), jnp.zeros(d), jnp.zeros((d, d) if want_hessian else (0, 0)))
     (sE, g, S), _ = jax.lax.scan(body, init, (chunks, proj))
+    kl = kl_standard_normal(state.mean, state.chol)
     # a dense product is symmetric only up to rounding
-    return sE, g, (0.5 * (S + S.T) if want_hessian else S)
+    return sE - kl, g - state.mean, (0.5 * (S + S.T) if want_hessian else S)
 
 
 @jax.jit
@@ -148,7 +150,7 @@ def _project_all(model, prior, X):
 
 @partial(jax.jit, static_argnames=("cached",))
 def _expected(model, prior, chunks, proj, state, cached):
-    """``Σ E_i`` only (no derivatives), for VLB evaluations."""
+    """The VLB only (no derivatives)."""
     lik = model.likelihood
     W = _stacked(state)
 
@@ -160,7 +162,12 @@ def _expected(model, prior, chunks, proj, state, cached):
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
 
     sE, _ = jax.lax.scan(body, jnp.zeros(()), (chunks, proj))
-    return sE
+    return sE - kl_standard_normal(state.mean, state.chol)
+
+
+@jax.jit
+def _all_finite(tree):
+    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
 class Objective:
@@ -196,20 +203,17 @@ class Objective:
     def sums(self, state: State, want_hessian: bool = True, clip_gamma: bool = False) -> Sums:
         """The VLB with its derivatives at ``state`` (see :class:`Sums`)."""
         self.num_evaluations += 1
-        sE, g, S = _sums(self.model, self.prior, self.chunks, self.proj, state, self.cached,
-                         want_hessian, clip_gamma)
-        return Sums(sE - kl_standard_normal(state.mean, state.chol), g - state.mean, S)
+        return Sums(*_sums(self.model, self.prior, self.chunks, self.proj, state, self.cached,
+                           want_hessian, clip_gamma))
 
     def vlb(self, state: State):
         """The variational lower bound in nats, summed over the data."""
         self.num_evaluations += 1
-        sE = _expected(self.model, self.prior, self.chunks, self.proj, state, self.cached)
-        return sE - kl_standard_normal(state.mean, state.chol)
+        return _expected(self.model, self.prior, self.chunks, self.proj, state, self.cached)
 
     def check_prior(self):
         """Raise a clear error when the prior covariance could not be factorised."""
-        leaves = jax.tree_util.tree_leaves(self.prior)
-        if not all(bool(jnp.all(jnp.isfinite(x))) for x in leaves):
+        if not bool(_all_finite(self.prior)):
             name = "K(Z, Z) of the inducing inputs" if type(self.model).__name__ == "SparseGP" else "K(X, X)"
             raise np.linalg.LinAlgError(
                 f"Cholesky of {name} failed even with jitter up to {self.model.jitter * 10**7:g}×mean diagonal; "

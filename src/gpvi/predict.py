@@ -1,13 +1,15 @@
 """Predictions from a fitted variational posterior, in chunks of rows."""
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .objective import State, make_chunks
 
-__all__ = ["latent_moments"]
+__all__ = ["latent_moments", "likelihood_call"]
 
 
 @jax.jit
@@ -23,9 +25,20 @@ def _moments(model, prior, state, X, offset):
 
 
 def latent_moments(model, prior, state: State, X, offset=None, chunk_size: int = 2048):
-    """Mean and variance (each (N,)) of the latent ``f(X)`` under the variational posterior."""
+    """Mean and variance (each an (N,) NumPy array) of the latent ``f(X)`` under the
+    variational posterior."""
     X = np.asarray(X, dtype=np.float64)
     N = X.shape[0]
     ch = make_chunks(X, None, offset, chunk_size)
     m, v = _moments(model, prior, state, ch.X, ch.offset)
-    return m.reshape(-1)[:N], v.reshape(-1)[:N]
+    return np.asarray(m).reshape(-1)[:N], np.asarray(v).reshape(-1)[:N]
+
+
+@partial(jax.jit, static_argnames=("method",))
+def likelihood_call(likelihood, method: str, *args):
+    """``likelihood.<method>(*args)``, compiled as one program.
+
+    Called eagerly, a likelihood's predictive formulas would run (and compile) operation by
+    operation; jitted they compile once per likelihood class and array shape.
+    """
+    return getattr(likelihood, method)(*args)

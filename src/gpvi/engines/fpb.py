@@ -6,7 +6,7 @@ updates are safeguarded against lowering the VLB exactly as in :mod:`gpvi.engine
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
+import numpy as np
 
 from ..objective import Objective, State
 from ._common import Clock, EngineResult, SafeguardedAscent, converged_change
@@ -21,7 +21,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
     clock = Clock(callback)
     sums = objective.sums(state)
     clock.tick(sums.vlb, 0)
-    if not jnp.isfinite(sums.vlb):
+    if not np.isfinite(float(sums.vlb)):
         return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state",
                             clock.trace, evaluations=objective.num_evaluations)
     mean_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)

@@ -17,7 +17,7 @@ iteration of the switch (absent when there was none).
 """
 from __future__ import annotations
 
-import jax.numpy as jnp
+import numpy as np
 
 from ..objective import Objective, State
 from ._common import Clock, EngineResult, SafeguardedAscent, converged_change
@@ -38,7 +38,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
     cov_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     rejected, extras = 0, {}
     converged, message, it = False, f"reached max_iter={max_iter}", 0
-    if not jnp.isfinite(sums.vlb):
+    if not np.isfinite(float(sums.vlb)):
         return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state",
                             clock.trace, evaluations=objective.num_evaluations)
     for it in range(1, max_iter + 1):

@@ -89,8 +89,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         f_start = res.fun
     final = _unpack(d, jnp.asarray(res.x))
     # Columns may have flipped sign; V = C Cᵀ is unchanged by making the diagonal positive.
-    sign = jnp.where(jnp.diag(final.chol) < 0, -1.0, 1.0)
-    final = State(final.mean, final.chol * sign[None, :])
+    chol = np.asarray(final.chol)
+    final = State(final.mean, jnp.asarray(chol * np.where(np.diag(chol) < 0, -1.0, 1.0)[None, :]))
     ok = bool(res.success) and counter["it"] < max_iter
     msg = str(res.message)
     if "RELATIVE REDUCTION" in msg or "REL_REDUCTION" in msg:
