@@ -1,11 +1,28 @@
-"""Shared test settings: JAX on CPU in float64 (gpvi switches x64 on at import)."""
+"""Shared test settings: JAX on CPU in float64 (gpvi switches x64 on at import).
+
+Most of the suite's time is XLA compiling the same few programs (data pass, prior
+factorisation, fixed-point step) for each test's shapes.  Compiled programs are therefore kept
+in a persistent cache under ``.pytest_cache/jax-compile`` (ignored by git): the two xdist
+workers share it, and a second run of the suite compiles almost nothing.  The cache is keyed on
+the program text, the compiler options and the jaxlib version, so it cannot hand a test code
+compiled for another program.  Set ``GPVI_TEST_JAX_CACHE=0`` to run without it, or to another
+directory to put it elsewhere.
+"""
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import gpvi  # noqa: E402,F401  (enables float64 before any test builds arrays)
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+_cache = os.environ.get("GPVI_TEST_JAX_CACHE", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compile"))
+if _cache != "0":
+    jax.config.update("jax_compilation_cache_dir", _cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 @pytest.fixture

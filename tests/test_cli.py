@@ -77,6 +77,7 @@ def poisson_csv(tmp_path_factory):
 
 
 # ------------------------------------------------------------------------- fit → predict runs
+@pytest.mark.slow
 def test_breast_cancer_fit_then_predict(breast_csv, tmp_path, capsys):
     path, _, labels = breast_csv
     model = tmp_path / "bc.gpvi"
@@ -150,6 +151,7 @@ def test_ordinal_text_labels_with_levels(tmp_path, capsys):
     assert np.mean(np.array([r[7] for r in rows]) == names) > 0.7
 
 
+@pytest.mark.slow
 def test_gaussian_target_is_standardised_and_restored(tmp_path, capsys):
     rng = np.random.default_rng(7)
     x = rng.uniform(0, 6, 150)
@@ -183,6 +185,7 @@ def test_model_auto_glm_and_numeric_labels(tmp_path, capsys):
     assert np.mean(np.array([r[-1] for r in rows[1:]]) == y.astype(str)) > 0.85
 
 
+@pytest.mark.slow
 def test_parquet_in_and_out(tmp_path, capsys):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

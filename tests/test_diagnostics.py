@@ -287,6 +287,7 @@ def test_sv_validation():
         lik.validate(np.zeros((2, 2)))
 
 
+@pytest.mark.slow
 def test_sv_gp_fit_fp_converges_and_matches_gradient():
     rng = np.random.default_rng(5)
     X = np.sort(rng.uniform(0, 10, 120))[:, None]

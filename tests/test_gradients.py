@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import gpvi
 from gpvi import kernels as K
@@ -81,6 +82,7 @@ def check_gradient(model, names, X, y, state, offset=None, chunk_size=64, check_
     return grad
 
 
+@pytest.mark.slow
 def test_sparse_gp_gaussian_rbf_ard():
     rng = np.random.default_rng(101)
     N, M, D = 150, 8, 2
@@ -108,6 +110,7 @@ def test_sparse_gp_poisson():
     check_gradient(model, names, X, model.likelihood.validate(y), random_state(rng, M, 0.3), offset=offset)
 
 
+@pytest.mark.slow
 def test_sparse_gp_ordinal():
     rng = np.random.default_rng(103)
     N, M, D = 150, 7, 2

@@ -42,7 +42,8 @@ def test_gaussian_hyperparameters_match_exact_marginal_likelihood_optimum(rng):
     np.testing.assert_allclose(got, ref.x, atol=2e-2)
 
 
-@pytest.mark.parametrize("kind", ["poisson", "ordinal", "logit"])
+@pytest.mark.parametrize("kind", [pytest.param("poisson", marks=pytest.mark.slow),
+                                  pytest.param("ordinal", marks=pytest.mark.slow), "logit"])
 def test_learning_raises_the_vlb_monotonically(rng, kind):
     N = 300
     X = rng.uniform(-2, 2, (N, 2))
@@ -69,6 +70,7 @@ def test_learning_raises_the_vlb_monotonically(rng, kind):
         assert not np.allclose(edges, [-1.0, 1.0])
 
 
+@pytest.mark.slow
 def test_learning_inducing_inputs_moves_them_and_helps(rng):
     N = 200
     X = rng.uniform(-3, 3, (N, 1))

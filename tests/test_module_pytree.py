@@ -6,10 +6,12 @@ about one call in six.
 """
 import jax
 import numpy as np
+import pytest
 
 from gpvi.likelihoods import Likelihood
 
 
+@pytest.mark.slow
 def test_jit_cache_distinguishes_classes_with_same_fields():
     classes = []
     for i in range(100):
