@@ -138,14 +138,6 @@ def _sums(model, prior, chunks, proj, state, cached, want_hessian, clip_gamma=Fa
     return sE - kl, g - state.mean, (0.5 * (S + S.T) if want_hessian else S)
 
 
-@jax.jit
-def _prior_cache(model, X):
-    return model.prior_cache(X)
-
-
-@jax.jit
-def _project_all(model, prior, X):
-    return jax.lax.map(lambda Xc: model.project(prior, Xc), X)
 
 
 @partial(jax.jit, static_argnames=("cached",))
@@ -170,6 +162,17 @@ def _all_finite(tree):
     return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
+@partial(jax.jit, static_argnames=("cached",))
+def _setup(model, X, chunk_X, cached):
+    """The prior cache, whether it is finite, and (``cached``) the projections of all chunks —
+    one compiled program for everything an :class:`Objective` precomputes."""
+    prior = model.prior_cache(X)
+    finite = _all_finite(prior)
+    if cached:
+        return prior, finite, jax.lax.map(lambda Xc: model.project(prior, Xc), chunk_X)
+    return prior, finite, jnp.zeros(chunk_X.shape[:1] + (0,))
+
+
 class Objective:
     """The VLB of ``model`` on data ``(X, y)``, and the sums the engines need.
 
@@ -190,13 +193,9 @@ class Objective:
         self.num_data = int(self.X.shape[0])
         self.chunks = make_chunks(X, y, offset, chunk_size)
         self.dim = model.num_weights(X)
-        self.prior = _prior_cache(model, self.X)
         C, n = self.chunks.mask.shape
         self.cached = C * n * (self.dim + 2) * 8 <= cache_bytes
-        if self.cached:
-            self.proj = _project_all(model, self.prior, self.chunks.X)
-        else:
-            self.proj = jnp.zeros((C, 0))
+        self.prior, self._prior_finite, self.proj = _setup(model, self.X, self.chunks.X, self.cached)
         self.num_evaluations = 0
 
     # -- the three sums ------------------------------------------------------------------
@@ -213,7 +212,7 @@ class Objective:
 
     def check_prior(self):
         """Raise a clear error when the prior covariance could not be factorised."""
-        if not bool(_all_finite(self.prior)):
+        if not bool(self._prior_finite):
             name = "K(Z, Z) of the inducing inputs" if type(self.model).__name__ == "SparseGP" else "K(X, X)"
             raise np.linalg.LinAlgError(
                 f"Cholesky of {name} failed even with jitter up to {self.model.jitter * 10**7:g}×mean diagonal; "

@@ -105,19 +105,16 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     return State(mean, chol)
 
 
-@jax.jit
-def _finite(x):
-    return jnp.all(jnp.isfinite(x))
-
-
-@jax.jit
-def _distance(a: State, b: State):
-    return jnp.linalg.norm(a.mean - b.mean) + jnp.linalg.norm(a.chol - b.chol)
+def _finite(x) -> bool:
+    # NumPy on the (d, d) result: not worth an XLA compilation per problem size
+    return bool(np.all(np.isfinite(np.asarray(x))))
 
 
 def state_distance(a: State, b: State) -> float:
-    """A cheap distance between states (means and covariance factors)."""
-    return float(_distance(a, b))
+    """A cheap distance between states (means and covariance factors); in NumPy, since an
+    O(d²) reduction is not worth an XLA compilation per problem size."""
+    return float(np.linalg.norm(np.asarray(a.mean) - np.asarray(b.mean))
+                 + np.linalg.norm(np.asarray(a.chol) - np.asarray(b.chol)))
 
 
 class SafeguardedAscent:
@@ -148,7 +145,7 @@ class SafeguardedAscent:
             self.clipped += 1
             return precision_chol(self.objective.sums(state, clip_gamma=True).S)
         RH = precision_chol(sums.S)
-        if not bool(_finite(RH)):
+        if not _finite(RH):
             # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not
             # log-concave, e.g. Student-t, far from the optimum).  Use γ clipped at 0
             # (Sheth & Khardon 2016, §5) for this step; at the optimum I − S = V⁻¹ is
@@ -162,7 +159,7 @@ class SafeguardedAscent:
         new = self.objective.sums(prop)
         v = float(new.vlb)
         slack = 1e-13 * max(1.0, abs(float(sums.vlb)))
-        ok = np.isfinite(v) and v >= float(sums.vlb) - slack and bool(_finite(prop.chol))
+        ok = np.isfinite(v) and v >= float(sums.vlb) - slack and _finite(prop.chol)
         return (prop, new) if ok else None
 
     def _halving(self, state, sums, update_mean, update_cov, alpha):
