@@ -138,8 +138,6 @@ def _sums(model, prior, chunks, proj, state, cached, want_hessian, clip_gamma=Fa
     return sE - kl, g - state.mean, (0.5 * (S + S.T) if want_hessian else S)
 
 
-
-
 @partial(jax.jit, static_argnames=("cached",))
 def _expected(model, prior, chunks, proj, state, cached):
     """The VLB only (no derivatives)."""
@@ -157,7 +155,6 @@ def _expected(model, prior, chunks, proj, state, cached):
     return sE - kl_standard_normal(state.mean, state.chol)
 
 
-@jax.jit
 def _all_finite(tree):
     return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
