@@ -47,3 +47,17 @@ def test_non_triangular_init_is_refactorised(rng):
     assert a.vlb == pytest.approx(b.vlb, rel=1e-12)
     with pytest.raises(ValueError, match="init"):
         gpvi.fit(model, X, y, init=gpvi.State(np.zeros(3), np.full((3, 3), np.nan)))
+
+
+def test_unfactorisable_prior_raises_a_clear_error(rng):
+    # A "kernel" whose Gram matrix is negative definite: no jitter makes it factorisable.
+    class Negated(gpvi.kernels.RBF):
+        def __call__(self, X1, X2=None):
+            return -super().__call__(X1, X2)
+
+    X = rng.normal(size=(30, 2))
+    y = rng.poisson(1.0, size=30)
+    for model in (gpvi.SparseGP(kernel=Negated(), likelihood=L.Poisson(), inducing=X[:5]),
+                  gpvi.GP(kernel=Negated(), likelihood=L.Poisson())):
+        with pytest.raises(np.linalg.LinAlgError, match="Cholesky of K"):
+            gpvi.fit(model, X, y)
