@@ -188,6 +188,13 @@ def smooth_latent(X, seed: int, lengthscale: float = 1.5, features: int = 100, s
     return f
 
 
+def progress_logger(t0: float):
+    """``log(msg)``: print ``msg`` to stderr with the seconds since ``t0`` (a perf_counter)."""
+    def log(msg):
+        print(f"{time.perf_counter() - t0:7.1f}s {msg}", file=sys.stderr, flush=True)
+    return log
+
+
 def load_average() -> list[float]:
     """1-, 5- and 15-minute load averages (empty where unavailable)."""
     try:

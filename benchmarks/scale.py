@@ -168,9 +168,7 @@ def main(argv=None):
         return child(args.child, args.m, args.d, args.seed, args.cache_bytes)
     load_start = C.warn_if_busy()
     t0 = time.perf_counter()
-
-    def log(msg):
-        print(f"{time.perf_counter() - t0:7.1f}s {msg}", file=sys.stderr, flush=True)
+    log = C.progress_logger(t0)
 
     rows = []
     for N in args.ns:

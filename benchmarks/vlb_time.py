@@ -817,9 +817,7 @@ def main(argv=None):
     args = parse_args(argv)
     load_start = C.warn_if_busy()
     t0 = time.perf_counter()
-
-    def log(msg):
-        print(f"{time.perf_counter() - t0:7.1f}s {msg}", file=sys.stderr, flush=True)
+    log = C.progress_logger(t0)
 
     data = Data()
     cells, hypers = [], {}
