@@ -91,3 +91,26 @@ def test_init_string_checked(rng):
         gpvi.fit(_model(), X, y, init="posterior")
     res = gpvi.fit(_model(), X, y, init="prior")
     assert res.converged
+
+
+def test_public_api_as_documented(rng):
+    # The entry points exactly as the README and issue 2 write them: kernel and likelihood
+    # positional, everything else by keyword.
+    X = rng.standard_normal((120, 2))
+    y = (X[:, 0] + 0.3 * rng.standard_normal(120) > 0).astype(float)
+    Z = X[:8]
+    kernel = gpvi.kernels.RBF(variance=1.0, lengthscale=1.0)
+    lik = gpvi.likelihoods.Bernoulli()
+    models = [gpvi.SparseGP(kernel, lik, inducing=Z, mean=0.0), gpvi.GP(kernel, lik, mean=0.0),
+              gpvi.GLM(lik, prior_variance=0.1)]
+    fits = []
+    for model in models:
+        fits.append(fit := gpvi.fit(model, X, y, engine="fpi", learn_hyperparameters=False, tol=1e-6, max_iter=500))
+        assert fit.converged and np.isfinite(fit.vlb) and fit.iterations >= 1
+        assert fit.trace.shape == (fit.iterations + 1, 2)
+        mean, var = fit.predict_f(X[:5])
+        assert mean.shape == var.shape == (5,) and np.all(var > 0)
+        assert np.all(np.isfinite(fit.log_predictive_density(X[:5], y[:5])))
+    assert np.array_equal(np.asarray(fits[0].model.inducing), Z)  # used exactly as given
+    with pytest.raises(TypeError):
+        gpvi.GP(kernel, lik, 0.0)  # the mean is keyword-only

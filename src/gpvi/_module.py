@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["module", "param", "static", "Module", "flatten_params", "unflatten_params"]
+__all__ = ["module", "param", "static", "positional", "Module", "flatten_params", "unflatten_params"]
 
 
 def param(transform: str = "real", default: Any = dataclasses.MISSING):
@@ -40,8 +40,15 @@ def static(default: Any = dataclasses.MISSING):
     return dataclasses.field(metadata={"static": True}, **kw)
 
 
+def positional(default: Any = None):
+    """Declare a sub-module field that may also be passed positionally, in declaration order
+    (``SparseGP(kernel, likelihood, inducing=Z)``); every other field is keyword-only."""
+    return dataclasses.field(default=default, kw_only=False)
+
+
 def module(cls):
-    """Make ``cls`` a frozen keyword-only dataclass registered as a pytree.
+    """Make ``cls`` a frozen dataclass, keyword-only except for :func:`positional` fields,
+    registered as a pytree.
 
     Applied automatically to every subclass of :class:`Module`, so a user's subclass
     needs no decorator.  Parameter and sub-module fields are pytree children; static

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-from ._module import Module, param, static
+from ._module import Module, param, positional, static
 from .kernels import Kernel
 from .likelihoods import Likelihood, _as_array, _is_real_dtype
 
@@ -121,7 +121,7 @@ class GLM(Model):
     Add a column of ones to ``X`` for an intercept.
     """
 
-    likelihood: Likelihood = None
+    likelihood: Likelihood = positional()
     prior_variance: object = param("positive", 1.0)
 
     def num_weights(self, X):
@@ -144,8 +144,8 @@ class SparseGP(Model):
     ``learn_inducing`` is handled by :func:`gpvi.fit`.
     """
 
-    kernel: Kernel = None
-    likelihood: Likelihood = None
+    kernel: Kernel = positional()
+    likelihood: Likelihood = positional()
     inducing: object = param("real", None)
     mean: object = param("real", 0.0)
     jitter: float = static(1e-8)
@@ -195,8 +195,8 @@ class GP(Model):
     (``c_i = 0``) and predictions at new inputs are the matching GP conditionals.
     """
 
-    kernel: Kernel = None
-    likelihood: Likelihood = None
+    kernel: Kernel = positional()
+    likelihood: Likelihood = positional()
     mean: object = param("real", 0.0)
     jitter: float = static(1e-8)
 
