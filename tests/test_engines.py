@@ -251,3 +251,30 @@ def test_user_likelihood_with_only_log_prob_works_with_every_engine(rng, engine)
     # 20-point Gauss–Hermite versus the closed form: agreement to quadrature accuracy.
     np.testing.assert_allclose(mine.vlb, ref.vlb, rtol=1e-7)
     np.testing.assert_allclose(mine.predict_f(X[:10])[0], ref.predict_f(X[:10])[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.3])
+@pytest.mark.parametrize("update_mean,update_cov", [(True, True), (True, False), (False, True)])
+def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov):
+    # Oracle: Λ' = (1−α)V⁻¹ + αH (H alone for a mean-only step), m' = m + αΛ'⁻¹g, V' = Λ'⁻¹,
+    # by dense NumPy inverses; the step itself works from a reversed Cholesky factor of H.
+    import jax.numpy as jnp
+    from gpvi.engines._common import natural_step, precision_chol
+
+    d = 7
+    B = rng.standard_normal((d, 3 * d))
+    S = -(B @ B.T) / d  # Σλ_i a_i a_iᵀ with λ < 0
+    chol = np.tril(rng.standard_normal((d, d)))
+    np.fill_diagonal(chol, np.abs(np.diag(chol)) + 1.0)
+    state = gpvi.State(jnp.asarray(rng.standard_normal(d)), jnp.asarray(chol))
+    g = rng.standard_normal(d)
+    out = natural_step(state, jnp.asarray(g), precision_chol(jnp.asarray(S)), alpha, update_mean, update_cov)
+
+    H, V = np.eye(d) - S, chol @ chol.T
+    Lam = (1 - alpha) * np.linalg.inv(V) + alpha * H if update_cov else H
+    want_mean = np.asarray(state.mean) + alpha * np.linalg.solve(Lam, g) if update_mean else np.asarray(state.mean)
+    want_V = np.linalg.inv(Lam) if update_cov else V
+    new = np.asarray(out.chol)
+    np.testing.assert_allclose(np.asarray(out.mean), want_mean, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(new @ new.T, want_V, rtol=1e-12, atol=1e-12)
+    assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)  # a Cholesky factor

@@ -64,22 +64,34 @@ def converged_change(new, old, tol):
     return abs(new - old) <= tol * max(1.0, abs(new))
 
 
-def _spd_chol(H):
-    return jnp.linalg.cholesky(0.5 * (H + H.T))
+def _reversed_chol(H):
+    """Lower-triangular ``R`` with ``J H J = R Rᵀ``, ``J`` the order-reversing permutation.
+
+    Then ``H = U Uᵀ`` with ``U = J R J`` upper triangular, so ``H⁻¹ = U⁻ᵀ U⁻¹`` has the
+    *lower*-triangular factor ``U⁻ᵀ = J R⁻ᵀ J``: one Cholesky and one triangular inverse give
+    the covariance factor of a precision, without forming ``H⁻¹`` and factorising it again.
+    NaN when ``H`` is not positive definite.
+    """
+    return jnp.linalg.cholesky(_flip(0.5 * (H + H.T)))
+
+
+def _flip(X):
+    return X[::-1, ::-1]
 
 
 @jax.jit
 def precision_chol(S):
-    """Cholesky factor of ``H = I − S``, the fixed-point target precision (NaN if H is not
-    positive definite)."""
-    return _spd_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
+    """Reversed Cholesky factor (see :func:`_reversed_chol`) of ``H = I − S``, the
+    fixed-point target precision; NaN if H is not positive definite."""
+    return _reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
 
 
 @partial(jax.jit, static_argnames=("update_mean", "update_cov"))
 def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=True):
     """One natural-gradient step of size ``alpha`` on ``q(w) = N(m, V)``.
 
-    With ``H = RH RHᵀ = I − Σλ_i a_i a_iᵀ`` (one Cholesky serves both updates):
+    With ``H = I − Σλ_i a_i a_iᵀ`` given by its reversed Cholesky factor ``RH``
+    (:func:`precision_chol`; one factorisation serves both updates):
     ``Λ' = (1 − α) V⁻¹ + α H`` and ``m' = m + α Λ'⁻¹ ∇_m VLB``.  At ``α = 1`` this is exactly the
     fixed-point update ``V ← H⁻¹`` with a Newton step on the mean (Sheth & Khardon 2016,
     Eq. 8; DESIGN §2), the FPi step.  The flags restrict the step to the mean (Newton with
@@ -89,17 +101,18 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     eye = jnp.eye(d, dtype=state.mean.dtype)
     if update_cov:
         def damped():
-            # Λ' = (1−α)V⁻¹ + αH, formed from the factors of V and H.
+            # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H.
             Linv = solve_triangular(state.chol, eye, lower=True)
-            return _spd_chol((1.0 - alpha) * (Linv.T @ Linv) + alpha * (RH @ RH.T))
+            return _reversed_chol((1.0 - alpha) * (Linv.T @ Linv) + alpha * _flip(RH @ RH.T))
 
         R = jax.lax.cond(alpha < 1.0, damped, lambda: RH)
     else:
         R = RH
-    mean = state.mean + alpha * cho_solve((R, True), grad) if update_mean else state.mean
+    # Λ'⁻¹ g = J (R Rᵀ)⁻¹ J g
+    mean = state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1] if update_mean else state.mean
     if update_cov:
-        Rinv = solve_triangular(R, eye, lower=True)
-        chol = _spd_chol(Rinv.T @ Rinv)  # V' = Λ'⁻¹; an M×M step, not in the O(N·M²) path
+        # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
+        chol = _flip(solve_triangular(R, eye, lower=True).T)
     else:
         chol = state.chol
     return State(mean, chol)
