@@ -118,6 +118,16 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     return State(mean, chol)
 
 
+@jax.jit
+def state_from_precision_chol(mean, R):
+    """``State(mean, chol V)`` with ``V = (R Rᵀ)⁻¹`` for a lower-triangular precision factor
+    ``R`` in the usual order (the dual and Laplace engines' final states)."""
+    eye = jnp.eye(R.shape[0], dtype=R.dtype)
+    Rinv = solve_triangular(R, eye, lower=True)
+    V = Rinv.T @ Rinv  # a d×d step, not in the O(N·d²) data path
+    return State(mean, jnp.linalg.cholesky(0.5 * (V + V.T)))
+
+
 def _finite(x) -> bool:
     # NumPy on the (d, d) result: not worth an XLA compilation per problem size
     return bool(np.all(np.isfinite(np.asarray(x))))

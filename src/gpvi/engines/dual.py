@@ -63,7 +63,7 @@ from jax.scipy.special import gammaln
 from ..likelihoods import Bernoulli, Gaussian, Poisson
 from ..objective import Objective, State
 from ..quadrature import gauss_hermite
-from ._common import Clock, EngineResult
+from ._common import Clock, EngineResult, state_from_precision_chol
 
 __all__ = ["bernoulli_conjugate", "dual_objective", "initial_dual", "recover_primal", "run"]
 
@@ -371,15 +371,6 @@ def _primal(model, prior, chunks, proj, alpha, gamma, cached, dim0):
     return m, jnp.linalg.cholesky(0.5 * (P + P.T))
 
 
-@jax.jit
-def _state_from(m, R):
-    """``State(m, chol P⁻¹)`` from ``R = chol P``."""
-    eye = jnp.eye(R.shape[0], dtype=R.dtype)
-    Rinv = solve_triangular(R, eye, lower=True)
-    V = Rinv.T @ Rinv
-    return State(m, jnp.linalg.cholesky(0.5 * (V + V.T)))
-
-
 @partial(jax.jit, static_argnames=("cached",))
 def _marginal_moments(model, prior, chunks, proj, state, cached):
     """``(E, ρ, λ)`` per row (C, n) at ``state``'s marginals."""
@@ -505,7 +496,7 @@ def recover_primal(objective: Objective, x) -> State:
     al, ga = lay.expand(x)
     m, R = _primal(objective.model, objective.prior, objective.chunks, objective.proj, al, ga,
                    objective.cached, jnp.zeros(objective.dim))
-    return _state_from(m, R)
+    return state_from_precision_chol(m, R)
 
 
 # ---------------------------------------------------------------------------------------
@@ -549,7 +540,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         else:
             al, ga = lay.expand(x)
             m, R = _primal(model, prior, chunks, proj, al, ga, cached, dim0)
-        st = _state_from(m, R)
+        st = state_from_precision_chol(m, R)
         return st, float(objective.vlb(st))
 
     def gap_ok(D, vlb):

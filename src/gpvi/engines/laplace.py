@@ -49,12 +49,12 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.linalg import cho_solve, solve_triangular
+from jax.scipy.linalg import cho_solve
 
 from ..likelihoods import Laplace
 from ..models import _check_X
 from ..objective import DEFAULT_CHUNK, Chunks, Objective, State, make_chunks
-from ._common import Clock, EngineResult, converged_change
+from ._common import Clock, EngineResult, converged_change, state_from_precision_chol
 
 __all__ = ["find_mode", "laplace_log_marginal", "laplace_log_marginal_at", "run"]
 
@@ -175,15 +175,6 @@ def _step_jit(model, prior, chunks, proj, w, sums, cached):
     return _newton_step(model, prior, chunks, proj, w, sums, cached)
 
 
-@jax.jit
-def _state_from_chol(w, R):
-    """``State(w, chol(H⁻¹))`` from the lower factor ``R`` of ``H``."""
-    eye = jnp.eye(w.shape[0], dtype=w.dtype)
-    Rinv = solve_triangular(R, eye, lower=True)
-    V = Rinv.T @ Rinv  # a d×d step, not in the O(N·d²) data path
-    return State(w, jnp.linalg.cholesky(0.5 * (V + V.T)))
-
-
 @partial(jax.jit, static_argnames=("cached", "max_iter"))
 def _find_mode_jit(model, prior, chunks, proj, w0, tol, cached, max_iter):
     sums0 = _data_sums(model, prior, chunks, proj, w0, cached, True, True)
@@ -251,12 +242,12 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         if int(sums[3]) > 0:  # some h_i > 0 were clipped in ``sums``: try the exact Hessian
             R = _chol_precision(derivative_sums(w_, clip=False)[2])
             if bool(jnp.all(jnp.isfinite(R))):
-                return _state_from_chol(w_, R), R, "exact"
+                return state_from_precision_chol(w_, R), R, "exact"
             kind = "clipped"
         else:
             kind = "exact"
         R = _chol_precision(sums[2])
-        return _state_from_chol(w_, R), R, kind
+        return state_from_precision_chol(w_, R), R, kind
 
     sums = derivative_sums(w)
     # A likelihood with h = 0 at every point (piecewise linear log p) has no Laplace
