@@ -278,3 +278,21 @@ def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov)
     np.testing.assert_allclose(np.asarray(out.mean), want_mean, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(new @ new.T, want_V, rtol=1e-12, atol=1e-12)
     assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)  # a Cholesky factor
+
+
+def test_two_cycle_is_detected_counted_and_halves_the_step():
+    # The fixed-point map's iterate returning to where it was two steps ago while still
+    # moving is a 2-cycle: counted, and the next step is half as long.
+    import jax.numpy as jnp
+    from gpvi.engines._common import SafeguardedAscent
+
+    guard = SafeguardedAscent(objective=None)
+    a, b = (gpvi.State(jnp.full(2, x), jnp.eye(2)) for x in (0.0, 1.0))
+    c = gpvi.State(jnp.full(2, 2.0), jnp.eye(2))
+    guard._cycle_check(b, a)  # a → b
+    guard._cycle_check(c, b)  # b → c: moving on, not a cycle
+    assert (guard.cycles, guard.alpha) == (0, 1.0)
+    guard._cycle_check(b, c)  # c → b: back where it was two steps ago
+    assert (guard.cycles, guard.alpha) == (1, 0.5)
+    guard._cycle_check(b, b)  # standing still is convergence, not a cycle
+    assert guard.cycles == 1
