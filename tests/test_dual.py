@@ -138,7 +138,7 @@ def test_poisson_with_exposure_and_uncached_padded_chunks(rng):
     y = rng.poisson(t * np.exp(f))
     model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(), likelihood=L.Poisson(), inducing=12).initialise(X)
     ref = gpvi.fit(model, X, y, exposure=t, engine="fpi", tol=1e-13)
-    # 4 chunks of 40 rows (30 padded), projections recomputed in every pass.
+    # 4 chunks of 33 rows (2 padded), projections recomputed in every pass.
     res = gpvi.fit(model, X, y, exposure=t, engine="dual", tol=1e-10, max_iter=3000, chunk_size=40,
                    cache_bytes=0)
     assert res.converged, res.message

@@ -8,11 +8,11 @@ from gpvi import likelihoods as L
 
 @pytest.mark.parametrize("d", [7, 130, 200])
 def test_sums_match_dense_numpy(rng, d):
-    N = 300
+    N = 301
     X = rng.normal(size=(N, d)) / np.sqrt(d)
     y = rng.poisson(1.5, size=N)
     model = gpvi.GLM(likelihood=L.Poisson(), prior_variance=0.7)
-    obj = gpvi.Objective(model, X, y, chunk_size=128)  # 3 chunks, the last one padded
+    obj = gpvi.Objective(model, X, y, chunk_size=128)  # 3 chunks of 101 rows, 2 of them padding
     m = rng.normal(size=d) * 0.1
     B = rng.normal(size=(d, d)) / np.sqrt(d)
     C = np.linalg.cholesky(0.3 * np.eye(d) + 0.2 * B @ B.T)
@@ -33,6 +33,21 @@ def test_sums_match_dense_numpy(rng, d):
     np.testing.assert_allclose(S, (A * lam[:, None]).T @ A, rtol=1e-10, atol=1e-10)
     np.testing.assert_allclose(S, S.T, rtol=0, atol=0)
     np.testing.assert_allclose(float(obj.vlb(gpvi.State(m, C))), E.sum() - kl, rtol=1e-12)
+
+
+@pytest.mark.parametrize("N,chunk", [(1, 2048), (2048, 2048), (2049, 2048), (20000, 2048), (301, 128), (7, 1)])
+def test_chunks_are_balanced_and_keep_every_row(rng, N, chunk):
+    from gpvi.objective import make_chunks
+
+    X, y = rng.normal(size=(N, 2)), rng.normal(size=N)
+    ch = make_chunks(X, y, chunk_size=chunk)
+    C, n = ch.mask.shape
+    assert n <= chunk and C == -(-N // chunk)  # the fewest chunks that fit
+    assert C * n - N < C  # padding under one row per chunk
+    keep = np.asarray(ch.mask).ravel() > 0
+    assert keep.sum() == N and np.all(keep[:N])
+    np.testing.assert_array_equal(np.asarray(ch.X).reshape(-1, 2)[:N], X)
+    np.testing.assert_array_equal(np.asarray(ch.y).ravel()[:N], y)
 
 
 def test_non_triangular_init_is_refactorised(rng):

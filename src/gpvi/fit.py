@@ -191,8 +191,9 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         Laplace approximation, the initialiser of Sheth et al. 2015).
     max_rounds : iteration limit of the hyperparameter L-BFGS-B (each iteration runs the
         engine to convergence, warm-started, at every point it evaluates).
-    chunk_size, cache_bytes : rows per chunk of the data sums; memory allowed for caching the
-        projections of all rows.
+    chunk_size, cache_bytes : most rows per chunk of the data sums (the chunks are made equal,
+        see :func:`gpvi.objective.make_chunks`); memory allowed for caching the projections of
+        all rows.
     seed : for k-means placement of inducing inputs.
     progress : show a progress bar (iteration, VLB, elapsed) on stderr.
     callback : called as ``callback(iteration, vlb, seconds)`` after every iteration.

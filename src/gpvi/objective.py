@@ -67,11 +67,16 @@ def prior_state(d: int) -> State:
 
 
 def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK) -> Chunks:
-    """Split (N, D) inputs and (N,) targets/offsets into padded (C, n, ·) chunks."""
+    """Split (N, D) inputs and (N,) targets/offsets into padded (C, n, ·) chunks.
+
+    The fewest chunks of at most ``chunk_size`` rows, all of one size ``n``: padding is then
+    under C rows, where chunks of exactly ``chunk_size`` rows would pad up to ``chunk_size − 1``
+    (N = 2049 would cost two full chunks; at N = 20 000 the 2.4 % padding cost ~4 % of a pass).
+    """
     X = np.asarray(X, dtype=np.float64)
     N = X.shape[0]
-    n = int(max(1, min(chunk_size, N)))
-    C = -(-N // n)
+    C = -(-N // int(max(1, chunk_size)))
+    n = -(-N // C) if C else 1
     pad = C * n - N
     y = np.zeros(N) if y is None else np.asarray(y, dtype=np.float64)
     offset = np.zeros(N) if offset is None else np.asarray(offset, dtype=np.float64)
@@ -179,7 +184,7 @@ class Objective:
         A concrete model (see :meth:`gpvi.models.Model.initialise`).
     X : (N, D) array; y : (N,) array in the likelihood's internal coding;
     offset : (N,) array or None, added to every latent (``log`` exposure for counts).
-    chunk_size : rows per chunk of the data sums.
+    chunk_size : most rows per chunk of the data sums (see :func:`make_chunks`).
     cache_bytes : keep all projections ``a_i`` in memory when they take at most this much.
     """
 

@@ -377,7 +377,7 @@ def laplace_log_marginal(model, X, y, offset=None, *, tol: float = 1e-10, max_it
     X : (N, D) inputs; y : (N,) observations (user coding, validated by the likelihood);
     offset : (N,) added to every latent, or None.
     tol, max_iter : stopping rule of the Newton iterations (relative change of Ψ).
-    chunk_size : rows per chunk of the data sums.
+    chunk_size : most rows per chunk of the data sums.
 
     Returns a JAX scalar.  Raises ``ValueError`` for the ``Laplace`` likelihood and bad input.
     """
