@@ -54,7 +54,7 @@ from jax.scipy.linalg import cho_solve
 from ..likelihoods import Laplace
 from ..models import _check_X
 from ..objective import DEFAULT_CHUNK, Chunks, Objective, State, make_chunks
-from ._common import Clock, EngineResult, converged_change, state_from_precision_chol
+from ._common import Clock, EngineResult, _finite, converged_change, state_from_precision_chol
 
 __all__ = ["find_mode", "laplace_log_marginal", "laplace_log_marginal_at", "run"]
 
@@ -241,7 +241,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         positive definite (then the clipped one)."""
         if int(sums[3]) > 0:  # some h_i > 0 were clipped in ``sums``: try the exact Hessian
             R = _chol_precision(derivative_sums(w_, clip=False)[2])
-            if bool(jnp.all(jnp.isfinite(R))):
+            if _finite(R):
                 return state_from_precision_chol(w_, R), R, "exact"
             kind = "clipped"
         else:
