@@ -171,15 +171,15 @@ def _dense_dual_gaussian(A, b, c, y, alpha, s2):
             + np.sum(-0.5 * np.log(2 * np.pi * s2) + 0.5 * s2 * alpha**2 - alpha * y))
 
 
-@pytest.mark.parametrize("cached", [True, False])
-def test_dual_function_equals_dense_numpy_formula(rng, cached):
+@pytest.mark.parametrize("cached,blocks", [(True, None), (False, None), (True, 3), (False, 2)])
+def test_dual_function_equals_dense_numpy_formula(rng, cached, blocks):
     N, M, mu = 90, 9, 0.3
     X, f = _data(rng, N)
     Z = X[:M]
     kernel = gpvi.kernels.Matern52(variance=1.4, lengthscale=1.1)
     A, c = _dense_sparse_projection(kernel, X, Z)
     b = np.full(N, mu)
-    kw = {"chunk_size": 25, "cache_bytes": 2**30 if cached else 0}
+    kw = {"chunk_size": 25, "cache_bytes": 2**30 if cached else 0, "blocks": blocks}
     yp = rng.poisson(np.exp(f)).astype(float)
     obj = Objective(gpvi.SparseGP(kernel=kernel, likelihood=L.Poisson(), inducing=Z, mean=mu), X, yp, **kw)
     assert obj.cached == cached

@@ -178,6 +178,10 @@ def test_glm_gaussian_vlb_and_gradient_closed_form():
     chunks = make_chunks(X, y, None, 32)
     got = float(jax.jit(vlb_in_hyperparameters)(model, jnp.asarray(X), chunks, state))
     np.testing.assert_allclose(got, vlb(sp2, s2), rtol=1e-12)
+    # the same with the projections in D row blocks of one row each
+    split = float(jax.jit(vlb_in_hyperparameters, static_argnames="blocks")(model, jnp.asarray(X), chunks, state,
+                                                                            blocks=D))
+    np.testing.assert_allclose(split, vlb(sp2, s2), rtol=1e-12)
     # d/d log σ² and d/d log σ_p² of the closed form, analytically:
     sp = np.sqrt(sp2)
     r = y - sp * X @ m

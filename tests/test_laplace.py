@@ -266,7 +266,7 @@ def test_uncached_chunked_passes_agree_with_cached(rng):
     run = gpvi.engines.ENGINES["laplace"]
     a = run(Objective(model, X, y), prior_state(15), tol=1e-12)
     seen = []
-    obj = Objective(model, X, y, chunk_size=13, cache_bytes=0)
+    obj = Objective(model, X, y, chunk_size=13, cache_bytes=0, blocks=3)  # 3 row blocks of 5
     assert not obj.cached and obj.chunks.mask.shape == (7, 13)  # one padded row
     b = run(obj, prior_state(15), tol=1e-12, callback=lambda i, v, t: seen.append((i, v)))
     assert a.converged and b.converged

@@ -6,13 +6,18 @@ import gpvi
 from gpvi import likelihoods as L
 
 
-@pytest.mark.parametrize("d", [7, 130, 200])
-def test_sums_match_dense_numpy(rng, d):
+@pytest.mark.parametrize("d,blocks,cached", [(7, None, True), (7, 3, False), (130, None, True),
+                                              (200, None, True), (200, 1, True), (200, 4, False), (30, 30, True)])
+def test_sums_match_dense_numpy(rng, d, blocks, cached):
+    # blocks=None is the default split (1 block below d = 144, 2 at d = 200); the others force
+    # uneven blocks, down to one row each, with the projections cached or recomputed per chunk.
     N = 301
     X = rng.normal(size=(N, d)) / np.sqrt(d)
     y = rng.poisson(1.5, size=N)
     model = gpvi.GLM(likelihood=L.Poisson(), prior_variance=0.7)
-    obj = gpvi.Objective(model, X, y, chunk_size=128)  # 3 chunks of 101 rows, 2 of them padding
+    # 3 chunks of 101 rows, 2 of them padding
+    obj = gpvi.Objective(model, X, y, chunk_size=128, blocks=blocks, cache_bytes=2**30 if cached else 0)
+    assert obj.cached == cached and obj.blocks == (gpvi.objective.num_blocks(d) if blocks is None else blocks)
     m = rng.normal(size=d) * 0.1
     B = rng.normal(size=(d, d)) / np.sqrt(d)
     C = np.linalg.cholesky(0.3 * np.eye(d) + 0.2 * B @ B.T)
@@ -48,6 +53,17 @@ def test_chunks_are_balanced_and_keep_every_row(rng, N, chunk):
     assert keep.sum() == N and np.all(keep[:N])
     np.testing.assert_array_equal(np.asarray(ch.X).reshape(-1, 2)[:N], X)
     np.testing.assert_array_equal(np.asarray(ch.y).ravel()[:N], y)
+
+
+def test_block_count_is_checked_and_chosen_by_size(rng):
+    from gpvi.objective import block_edges, num_blocks
+
+    assert [num_blocks(d) for d in (1, 143, 144, 200, 300, 450, 5000)] == [1, 1, 2, 2, 2, 3, 4]
+    assert block_edges(10, 3) == (0, 3, 7, 10)
+    X, y = rng.normal(size=(20, 4)), rng.poisson(1.0, size=20)
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="blocks"):
+            gpvi.Objective(gpvi.GLM(likelihood=L.Poisson()), X, y, blocks=bad)
 
 
 def test_non_triangular_init_is_refactorised(rng):

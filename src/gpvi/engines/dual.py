@@ -61,7 +61,8 @@ from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln
 
 from ..likelihoods import Bernoulli, Gaussian, Poisson
-from ..objective import Objective, State
+from ..objective import (Objective, State, _marginals_stacked, _stacked, assemble_gram, block_gram, block_matvec,
+                         block_sum_squares, block_vecmat, chunk_projection, zero_gram)
 from ..quadrature import gauss_hermite
 from ._common import Clock, EngineResult, state_from_precision_chol
 
@@ -89,10 +90,6 @@ def _kind(lik) -> str:
         "the dual engine needs the Fenchel conjugate of the likelihood: available for Gaussian, "
         f"Poisson and Bernoulli; {type(lik).__name__} has none — use fpi, fpb or gradient"
     )
-
-
-def _proj(model, prior, ch, pr, cached):
-    return pr if cached else model.project(prior, ch.X)
 
 
 # ---------------------------------------------------------------------------------------
@@ -296,8 +293,8 @@ def bernoulli_conjugate(lik, a, g, vbar):
 # ---------------------------------------------------------------------------------------
 # The dual function and its gradient
 # ---------------------------------------------------------------------------------------
-@partial(jax.jit, static_argnames=("cached", "kind"))
-def _dual(model, prior, chunks, proj, alpha, gamma, cached, kind, dim0):
+@partial(jax.jit, static_argnames=("cached", "blocks", "kind"))
+def _dual(model, prior, chunks, proj, alpha, gamma, cached, blocks, kind, dim0):
     """``(D, ∂D/∂α, ∂D/∂γ, m, R)`` for (C, n) dual variables; ``R = chol P``.
 
     Padded rows must carry α = γ = 0.  Gradients are w.r.t. α and γ as independent variables;
@@ -308,10 +305,10 @@ def _dual(model, prior, chunks, proj, alpha, gamma, cached, kind, dim0):
     def pass1(carry, xs):
         msum, P, lin, fs = carry
         ch, pr, al, ga = xs
-        At, b, c = _proj(model, prior, ch, pr, cached)
+        A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
         keep = ch.mask > 0
-        msum = msum + At @ al
-        P = P + (At * ga) @ At.T
+        msum = msum + block_matvec(A, al)
+        P = tuple(p + q for p, q in zip(P, block_gram(A, ga)))
         lin = lin + jnp.sum(al * (b + ch.offset)) - 0.5 * jnp.sum(ga * c)
         y = ch.y
         if kind == "gaussian":
@@ -324,24 +321,24 @@ def _dual(model, prior, chunks, proj, alpha, gamma, cached, kind, dim0):
             mt, vt = jnp.zeros_like(al), jnp.zeros_like(al)
         else:
             a = jnp.where(keep, al * y, 0.5 * _a_max(lik))
-            vbar = c + jnp.sum(At**2, axis=0)
+            vbar = c + block_sum_squares(A)
             f, t, vt = bernoulli_conjugate(lik, a, ga, vbar)
             mt = y * t
         fs = fs + jnp.sum(jnp.where(keep, f, 0.0))
         return (msum, P, lin, fs), (mt, vt)
 
     dim = dim0.shape[0]
-    init = (jnp.zeros(dim), jnp.eye(dim), jnp.zeros(()), jnp.zeros(()))
+    init = (jnp.zeros(dim), zero_gram(dim, blocks), jnp.zeros(()), jnp.zeros(()))
     (m, P, lin, fs), (mt, vt) = jax.lax.scan(pass1, init, (chunks, proj, alpha, gamma))
-    R = jnp.linalg.cholesky(0.5 * (P + P.T))
+    R = jnp.linalg.cholesky(jnp.eye(dim) + assemble_gram(P, blocks))
     logdet = 2.0 * jnp.sum(jnp.log(jnp.diag(R)))
     D = 0.5 * m @ m + lin - 0.5 * logdet + fs
 
     def pass2(_, xs):
         ch, pr = xs
-        At, b, c = _proj(model, prior, ch, pr, cached)
-        W = solve_triangular(R, At, lower=True)
-        return None, (m @ At + b + ch.offset, c + jnp.sum(W**2, axis=0))
+        A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
+        W = solve_triangular(R, jnp.concatenate(A) if blocks > 1 else A[0], lower=True)
+        return None, (block_vecmat(m, A) + b + ch.offset, c + jnp.sum(W**2, axis=0))
 
     _, (mi, vi) = jax.lax.scan(pass2, None, (chunks, proj))
     keep = chunks.mask > 0
@@ -356,32 +353,31 @@ def _dual(model, prior, chunks, proj, alpha, gamma, cached, kind, dim0):
     return D, g_alpha, g_gamma, m, R
 
 
-@partial(jax.jit, static_argnames=("cached",))
-def _primal(model, prior, chunks, proj, alpha, gamma, cached, dim0):
+@partial(jax.jit, static_argnames=("cached", "blocks"))
+def _primal(model, prior, chunks, proj, alpha, gamma, cached, blocks, dim0):
     """``(m, R)`` with ``m = Σ α_i a_i``, ``R Rᵀ = P = I + Σ γ_i a_i a_iᵀ`` (no conjugates)."""
 
     def body(carry, xs):
         msum, P = carry
         ch, pr, al, ga = xs
-        At, _, _ = _proj(model, prior, ch, pr, cached)
-        return (msum + At @ al, P + (At * ga) @ At.T), None
+        A, _, _ = chunk_projection(model, prior, ch, pr, cached, blocks)
+        return (msum + block_matvec(A, al), tuple(p + q for p, q in zip(P, block_gram(A, ga)))), None
 
-    (m, P), _ = jax.lax.scan(body, (jnp.zeros(dim0.shape[0]), jnp.eye(dim0.shape[0])),
-                             (chunks, proj, alpha, gamma))
-    return m, jnp.linalg.cholesky(0.5 * (P + P.T))
+    dim = dim0.shape[0]
+    (m, P), _ = jax.lax.scan(body, (jnp.zeros(dim), zero_gram(dim, blocks)), (chunks, proj, alpha, gamma))
+    return m, jnp.linalg.cholesky(jnp.eye(dim) + assemble_gram(P, blocks))
 
 
-@partial(jax.jit, static_argnames=("cached",))
-def _marginal_moments(model, prior, chunks, proj, state, cached):
+@partial(jax.jit, static_argnames=("cached", "blocks"))
+def _marginal_moments(model, prior, chunks, proj, state, cached, blocks):
     """``(E, ρ, λ)`` per row (C, n) at ``state``'s marginals."""
     lik = model.likelihood
-    V = state.chol @ state.chol.T
+    W = _stacked(state)
 
     def body(_, xs):
         ch, pr = xs
-        At, b, c = _proj(model, prior, ch, pr, cached)
-        m = state.mean @ At + b + ch.offset
-        v = c + jnp.sum((V @ At) * At, axis=0)
+        A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
+        m, v = _marginals_stacked(A, b, c, ch.offset, W)
         return None, lik.variational_moments(ch.y, m, v)
 
     _, out = jax.lax.scan(body, None, (chunks, proj))
@@ -475,7 +471,7 @@ def initial_dual(objective: Objective, state: State) -> np.ndarray:
     kind = _kind(objective.model.likelihood)
     lay = _Layout(objective, kind)
     _, rho, lam = _marginal_moments(objective.model, objective.prior, objective.chunks, objective.proj,
-                                    state, objective.cached)
+                                    state, objective.cached, objective.blocks)
     return lay.from_moments(rho, lam)
 
 
@@ -485,7 +481,7 @@ def dual_objective(objective: Objective, x):
     lay = _Layout(objective, kind)
     al, ga = lay.expand(x)
     D, g_a, g_g, _, _ = _dual(objective.model, objective.prior, objective.chunks, objective.proj,
-                              al, ga, objective.cached, kind, jnp.zeros(objective.dim))
+                              al, ga, objective.cached, objective.blocks, kind, jnp.zeros(objective.dim))
     return float(D), lay.reduce_grad(g_a, g_g)
 
 
@@ -495,7 +491,7 @@ def recover_primal(objective: Objective, x) -> State:
     lay = _Layout(objective, kind)
     al, ga = lay.expand(x)
     m, R = _primal(objective.model, objective.prior, objective.chunks, objective.proj, al, ga,
-                   objective.cached, jnp.zeros(objective.dim))
+                   objective.cached, objective.blocks, jnp.zeros(objective.dim))
     return state_from_precision_chol(m, R)
 
 
@@ -518,15 +514,15 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
     """
     kind = _kind(objective.model.likelihood)  # raises the clear ValueError first
     lay = _Layout(objective, kind)
-    model, prior, chunks, proj, cached = (objective.model, objective.prior, objective.chunks,
-                                          objective.proj, objective.cached)
+    model, prior, chunks, proj, cached, blocks = (objective.model, objective.prior, objective.chunks,
+                                                  objective.proj, objective.cached, objective.blocks)
     clock = Clock(callback)
     dim0 = jnp.zeros(objective.dim)
     last: dict = {}
 
     def fun(x):
         al, ga = lay.expand(x)
-        D, g_a, g_g, m, R = _dual(model, prior, chunks, proj, al, ga, cached, kind, dim0)
+        D, g_a, g_g, m, R = _dual(model, prior, chunks, proj, al, ga, cached, blocks, kind, dim0)
         objective.num_evaluations += 1
         D = float(D)
         last.update(x=np.array(x, copy=True), m=m, R=R, D=D)
@@ -539,7 +535,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
             m, R = last["m"], last["R"]
         else:
             al, ga = lay.expand(x)
-            m, R = _primal(model, prior, chunks, proj, al, ga, cached, dim0)
+            m, R = _primal(model, prior, chunks, proj, al, ga, cached, blocks, dim0)
         st = state_from_precision_chol(m, R)
         return st, float(objective.vlb(st))
 
@@ -549,7 +545,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
     # Start from the dual point of ``state`` (α = ρ, γ = −λ at its marginals), unless the simple
     # start of the papers has the lower dual value: at a poor state (e.g. the prior of a Poisson
     # GLM with large features, where γ = e^{m+v/2} is huge) the state's point is far worse.
-    x0 = lay.from_moments(*_marginal_moments(model, prior, chunks, proj, state, cached)[1:])
+    x0 = lay.from_moments(*_marginal_moments(model, prior, chunks, proj, state, cached, blocks)[1:])
     D0, _ = fun(x0)
     x_simple = lay.simple()
     D_simple, _ = fun(x_simple)

@@ -53,7 +53,8 @@ from jax.scipy.linalg import cho_solve
 
 from ..likelihoods import Laplace
 from ..models import _check_X
-from ..objective import DEFAULT_CHUNK, Chunks, Objective, State, make_chunks
+from ..objective import (DEFAULT_CHUNK, Chunks, Objective, State, assemble_gram, block_gram, block_matvec,
+                         block_vecmat, chunk_projection, make_chunks, num_blocks, zero_gram)
 from ._common import Clock, EngineResult, _finite, converged_change, state_from_precision_chol
 
 __all__ = ["find_mode", "laplace_log_marginal", "laplace_log_marginal_at", "run"]
@@ -77,29 +78,29 @@ def _point_derivatives(lik, y, f):
     return lik.log_prob(y, f), g, h
 
 
-def _chunk_terms(model, prior, ch, pr, w, cached, derivatives, clip):
+def _chunk_terms(model, prior, ch, pr, w, cached, blocks, derivatives, clip):
     """Sums over one chunk: ``Σ log p`` and, with ``derivatives``, ``Σ g_i a_i``,
     ``Σ h_i a_i a_iᵀ`` (h clipped at ≤ 0 with ``clip``) and two counts: rows with
     ``h_i > 0`` and rows with ``h_i ≠ 0``.  ``c_i`` is ignored (see module notes)."""
-    At, b, _ = pr if cached else model.project(prior, ch.X)
-    f = w @ At + b + ch.offset
+    A, b, _ = chunk_projection(model, prior, ch, pr, cached, blocks)
+    f = block_vecmat(w, A) + b + ch.offset
     keep = ch.mask > 0
     if not derivatives:
         return jnp.sum(jnp.where(keep, model.likelihood.log_prob(ch.y, f), 0.0))
     lp, g, h = _point_derivatives(model.likelihood, ch.y, f)
     lp, g, h = (jnp.where(keep, t, 0.0) for t in (lp, g, h))
     hw = jnp.minimum(h, 0.0) if clip else h
-    return (jnp.sum(lp), At @ g, (At * hw) @ At.T,
+    return (jnp.sum(lp), block_matvec(A, g), block_gram(A, hw),
             jnp.sum(h > 0, dtype=jnp.int32), jnp.sum(h != 0, dtype=jnp.int32))
 
 
-def _data_sums(model, prior, chunks, proj, w, cached, derivatives, clip, checkpoint=False):
+def _data_sums(model, prior, chunks, proj, w, cached, blocks, derivatives, clip, checkpoint=False):
     """Scan :func:`_chunk_terms` over all chunks.  ``checkpoint`` rematerialises each chunk
     in the backward pass (memory O(chunk·d + d²) for hyperparameter gradients)."""
     d = w.shape[0]
 
     def one(ch, pr):
-        return _chunk_terms(model, prior, ch, pr, w, cached, derivatives, clip)
+        return _chunk_terms(model, prior, ch, pr, w, cached, blocks, derivatives, clip)
 
     if checkpoint:
         one = jax.checkpoint(one)
@@ -110,10 +111,12 @@ def _data_sums(model, prior, chunks, proj, w, cached, derivatives, clip, checkpo
 
     if derivatives:
         zi = jnp.zeros((), jnp.int32)
-        init = (jnp.zeros((), w.dtype), jnp.zeros(d, w.dtype), jnp.zeros((d, d), w.dtype), zi, zi)
+        init = (jnp.zeros((), w.dtype), jnp.zeros(d, w.dtype), zero_gram(d, blocks, w.dtype), zi, zi)
     else:
         init = jnp.zeros((), w.dtype)
     out, _ = jax.lax.scan(body, init, (chunks, proj))
+    if derivatives:
+        out = out[:2] + (assemble_gram(out[2], blocks),) + out[3:]
     return out
 
 
@@ -128,7 +131,7 @@ def _psi(lp, w):
 
 
 # ---- one safeguarded Newton iteration (shared by the engine and the jitted mode finder) ---
-def _newton_step(model, prior, chunks, proj, w, sums, cached):
+def _newton_step(model, prior, chunks, proj, w, sums, cached, blocks):
     """A Newton step on Ψ from ``w`` with backtracking (Armijo) on Ψ.
 
     ``sums`` are the (clipped) derivative sums at ``w``.  Returns ``(w', Ψ(w'), α, Newton
@@ -145,7 +148,7 @@ def _newton_step(model, prior, chunks, proj, w, sums, cached):
 
     def value(alpha):
         wn = w + alpha * delta
-        return _psi(_data_sums(model, prior, chunks, proj, wn, cached, False, False), wn)
+        return _psi(_data_sums(model, prior, chunks, proj, wn, cached, blocks, False, False), wn)
 
     def ok(alpha, psi_new):
         return jnp.isfinite(psi_new) & (psi_new >= psi + _ARMIJO * alpha * dec - slack)
@@ -165,19 +168,19 @@ def _newton_step(model, prior, chunks, proj, w, sums, cached):
     return w_new, jnp.where(good, psi_new, psi), alpha, dec
 
 
-@partial(jax.jit, static_argnames=("cached", "clip"))
-def _sums_jit(model, prior, chunks, proj, w, cached, clip):
-    return _data_sums(model, prior, chunks, proj, w, cached, True, clip)
+@partial(jax.jit, static_argnames=("cached", "blocks", "clip"))
+def _sums_jit(model, prior, chunks, proj, w, cached, blocks, clip):
+    return _data_sums(model, prior, chunks, proj, w, cached, blocks, True, clip)
 
 
-@partial(jax.jit, static_argnames=("cached",))
-def _step_jit(model, prior, chunks, proj, w, sums, cached):
-    return _newton_step(model, prior, chunks, proj, w, sums, cached)
+@partial(jax.jit, static_argnames=("cached", "blocks"))
+def _step_jit(model, prior, chunks, proj, w, sums, cached, blocks):
+    return _newton_step(model, prior, chunks, proj, w, sums, cached, blocks)
 
 
-@partial(jax.jit, static_argnames=("cached", "max_iter"))
-def _find_mode_jit(model, prior, chunks, proj, w0, tol, cached, max_iter):
-    sums0 = _data_sums(model, prior, chunks, proj, w0, cached, True, True)
+@partial(jax.jit, static_argnames=("cached", "blocks", "max_iter"))
+def _find_mode_jit(model, prior, chunks, proj, w0, tol, cached, blocks, max_iter):
+    sums0 = _data_sums(model, prior, chunks, proj, w0, cached, blocks, True, True)
 
     def cond(c):
         _, _, _, it, done = c
@@ -185,8 +188,8 @@ def _find_mode_jit(model, prior, chunks, proj, w0, tol, cached, max_iter):
 
     def body(c):
         w, sums, psi, it, _ = c
-        w1, psi1, alpha, _ = _newton_step(model, prior, chunks, proj, w, sums, cached)
-        sums1 = _data_sums(model, prior, chunks, proj, w1, cached, True, True)
+        w1, psi1, alpha, _ = _newton_step(model, prior, chunks, proj, w, sums, cached, blocks)
+        sums1 = _data_sums(model, prior, chunks, proj, w1, cached, blocks, True, True)
         small = jnp.abs(psi1 - psi) <= tol * jnp.maximum(1.0, jnp.abs(psi1))
         return w1, sums1, psi1, it + 1, (alpha == 0) | (small & (alpha == 1))
 
@@ -225,8 +228,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
     Raises ``ValueError`` for a likelihood whose second derivative is zero everywhere (the
     ``Laplace`` likelihood).
     """
-    model, prior, chunks, proj, cached = (objective.model, objective.prior, objective.chunks,
-                                          objective.proj, objective.cached)
+    model, prior, chunks, proj, cached, blocks = (objective.model, objective.prior, objective.chunks,
+                                                  objective.proj, objective.cached, objective.blocks)
     _check_likelihood(model.likelihood)
     clock = Clock(callback)
     clock.tick(objective.vlb(state), 0)
@@ -234,7 +237,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
 
     def derivative_sums(w_, clip=True):
         objective.num_evaluations += 1
-        return _sums_jit(model, prior, chunks, proj, w_, cached, clip)
+        return _sums_jit(model, prior, chunks, proj, w_, cached, blocks, clip)
 
     def laplace_state(w_, sums):
         """``(N(w_, H⁻¹), chol H, which h)``: the exact ``h_i`` unless that H is not
@@ -269,7 +272,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
     current = None  # (state, chol H, hessian kind, VLB) at w
     converged, message, it = False, f"reached max_iter={max_iter}", 0
     for it in range(1, max_iter + 1):
-        w_new, psi_new, alpha, dec = _step_jit(model, prior, chunks, proj, w, sums, cached)
+        w_new, psi_new, alpha, dec = _step_jit(model, prior, chunks, proj, w, sums, cached, blocks)
         alpha, psi_new = float(alpha), float(psi_new)
         halvings = round(-np.log2(alpha)) if alpha > 0 else _MAX_HALVINGS
         objective.num_evaluations += 1 + halvings
@@ -333,10 +336,11 @@ def _log_marginal_jit(model, X, chunks, mode, clip):
     prior = model.prior_cache(X)
     w0 = jax.lax.stop_gradient(mode)
     empty = jnp.zeros((chunks.mask.shape[0], 0))
-    _, gsum, S, _, _ = _data_sums(model, prior, chunks, empty, w0, False, True, clip, checkpoint=True)
+    k = num_blocks(w0.shape[0])
+    _, gsum, S, _, _ = _data_sums(model, prior, chunks, empty, w0, False, k, True, clip, checkpoint=True)
     R = _chol_precision(S)
     w1 = w0 + cho_solve((R, True), gsum - w0)
-    lp1, _, S1, _, _ = _data_sums(model, prior, chunks, empty, w1, False, True, clip, checkpoint=True)
+    lp1, _, S1, _, _ = _data_sums(model, prior, chunks, empty, w1, False, k, True, clip, checkpoint=True)
     return _psi(lp1, w1) - jnp.sum(jnp.log(jnp.diag(_chol_precision(S1))))
 
 
@@ -357,7 +361,7 @@ def _find_mode_from_scratch(model, X, chunks, w0, tol, max_iter):
     model, w0 = jax.lax.stop_gradient((model, w0))
     prior = model.prior_cache(X)
     empty = jnp.zeros((chunks.mask.shape[0], 0))
-    return _find_mode_jit(model, prior, chunks, empty, w0, tol, False, max_iter)
+    return _find_mode_jit(model, prior, chunks, empty, w0, tol, False, num_blocks(w0.shape[0]), max_iter)
 
 
 def laplace_log_marginal(model, X, y, offset=None, *, tol: float = 1e-10, max_iter: int = 100,
