@@ -122,6 +122,10 @@ def product_times(M, N, count, seed=0):
     # or with 2 cores they steal time slices from this thread
     time.sleep(0.3)
     _, times = C.median_seconds(lambda: A @ B, repeats=count, warmup=1)
+    # and the same for the fit timed next: OpenBLAS's two threads spin for ~0.1 s after the last
+    # product, and measured without this pause the first two fpi iterations after it took
+    # 44-46 ms instead of 31 (a fit has only 4-6 iterations, so its mean moved by 15 %)
+    time.sleep(0.3)
     return times
 
 

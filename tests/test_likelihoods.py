@@ -279,6 +279,19 @@ def test_variational_moments_are_finite_difference_derivatives(name):
     np.testing.assert_allclose(lam, fd_lam, rtol=1e-6, atol=1e-7)
 
 
+def test_logit_moments_are_the_autodiff_derivatives_of_the_quadrature():
+    # Bernoulli(logit) writes ρ, λ out (Stein's form of ∂E/∂v); the base class differentiates
+    # the same Gauss–Hermite E by autodiff: they must agree to rounding, also far in the tails.
+    lik = L.Bernoulli()
+    Y, M, V = grid([-1.0, 1.0], ALL_V)
+    M = np.concatenate([M, np.full(4, 40.0), np.full(4, -40.0)])
+    Y, V = np.concatenate([Y, np.tile([-1.0, 1.0], 4)]), np.concatenate([V, np.full(8, 0.5)])
+    got = jax.jit(lik.variational_moments)(*j(Y, M, V))
+    ref = jax.jit(lambda *a: L.Likelihood.variational_moments(lik, *a))(*j(Y, M, V))
+    for label, a, b in zip(("E", "rho", "lam"), got, ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-13, atol=1e-15, err_msg=label)
+
+
 @pytest.mark.parametrize("name", [n for n in IDS if n != "laplace"])
 def test_variational_moments_match_quadrature_moments(name):
     # At a high order both are converged expectations of log p, ∂_f log p, ∂²_f log p

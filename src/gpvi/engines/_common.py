@@ -118,6 +118,15 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     return State(mean, chol)
 
 
+@partial(jax.jit, static_argnames=("update_mean", "update_cov"))
+def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=True):
+    """:func:`precision_chol` of ``S`` and the :func:`natural_step` from it, in one compiled call
+    (the first proposal of every iteration; in an fpi iteration at N = 20 000, d = 200 the two
+    separate calls took 1.7 ms between the passes).  Returns ``(RH, proposal)``."""
+    RH = precision_chol(S)
+    return RH, natural_step(state, grad, RH, alpha, update_mean, update_cov)
+
+
 @jax.jit
 def state_from_precision_chol(mean, R):
     """``State(mean, chol V)`` with ``V = (R Rᵀ)⁻¹`` for a lower-triangular precision factor
@@ -162,23 +171,25 @@ class SafeguardedAscent:
         self.clipped = 0
         self._history: list[State] = []
 
-    def _target(self, state: State, sums: Sums):
+    def _target(self, state: State, sums: Sums, alpha, update_mean, update_cov):
+        """``(RH, proposal at alpha)``; the proposal is ``None`` when it was not computed."""
         if self.clip_gamma == "always":
             # Sheth & Khardon (2016, §4): every γ_i < 0 is replaced by 0 in every step.
             self.clipped += 1
-            return precision_chol(self.objective.sums(state, clip_gamma=True).S)
-        RH = precision_chol(sums.S)
+            return precision_chol(self.objective.sums(state, clip_gamma=True).S), None
+        RH, prop = target_and_step(state, sums.grad, sums.S, alpha, update_mean, update_cov)
         if not _finite(RH):
             # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not
             # log-concave, e.g. Student-t, far from the optimum).  Use γ clipped at 0
             # (Sheth & Khardon 2016, §5) for this step; at the optimum I − S = V⁻¹ is
             # positive definite, so the fixed point itself is unchanged.
             self.clipped += 1
-            RH = precision_chol(self.objective.sums(state, clip_gamma=True).S)
-        return RH
+            return precision_chol(self.objective.sums(state, clip_gamma=True).S), None
+        return RH, prop
 
-    def _try(self, state, sums, RH, alpha, update_mean, update_cov):
-        prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov)
+    def _try(self, state, sums, RH, alpha, update_mean, update_cov, prop=None):
+        if prop is None:
+            prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov)
         new = self.objective.sums(prop)
         v = float(new.vlb)
         slack = 1e-13 * max(1.0, abs(float(sums.vlb)))
@@ -186,13 +197,13 @@ class SafeguardedAscent:
         return (prop, new) if ok else None
 
     def _halving(self, state, sums, update_mean, update_cov, alpha):
-        RH = self._target(state, sums)
+        RH, prop = self._target(state, sums, alpha, update_mean, update_cov)
         for _ in range(self.max_halvings + 1):
-            out = self._try(state, sums, RH, alpha, update_mean, update_cov)
+            out = self._try(state, sums, RH, alpha, update_mean, update_cov, prop)
             if out is not None:
                 return out[0], out[1], alpha
             self.backtracks += 1
-            alpha *= 0.5
+            alpha, prop = 0.5 * alpha, None
         return None
 
     def step(self, state: State, sums: Sums, update_mean=True, update_cov=True):
@@ -205,8 +216,8 @@ class SafeguardedAscent:
         """
         alpha = self.alpha
         if update_mean and update_cov:
-            RH = self._target(state, sums)
-            out = self._try(state, sums, RH, alpha, True, True)
+            RH, prop = self._target(state, sums, alpha, True, True)
+            out = self._try(state, sums, RH, alpha, True, True, prop)
             if out is not None:
                 self._cycle_check(out[0], state)
                 self.alpha = min(1.0, 2.0 * alpha)

@@ -61,7 +61,7 @@ from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln
 
 from ..likelihoods import Bernoulli, Gaussian, Poisson
-from ..objective import (Objective, State, _marginals_stacked, _stacked, assemble_gram, block_gram, block_matvec,
+from ..objective import (Objective, State, _marginals_stacked, _stacked, assemble_gram, block_gram,
                          block_sum_squares, block_vecmat, chunk_projection, zero_gram)
 from ..quadrature import gauss_hermite
 from ._common import Clock, EngineResult, state_from_precision_chol
@@ -307,8 +307,9 @@ def _dual(model, prior, chunks, proj, alpha, gamma, cached, blocks, kind, dim0):
         ch, pr, al, ga = xs
         A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
         keep = ch.mask > 0
-        msum = msum + block_matvec(A, al)
-        P = tuple(p + q for p, q in zip(P, block_gram(A, ga)))
+        G, Aal = block_gram(A, ga, al)
+        msum = msum + Aal
+        P = tuple(p + q for p, q in zip(P, G))
         lin = lin + jnp.sum(al * (b + ch.offset)) - 0.5 * jnp.sum(ga * c)
         y = ch.y
         if kind == "gaussian":
@@ -361,7 +362,8 @@ def _primal(model, prior, chunks, proj, alpha, gamma, cached, blocks, dim0):
         msum, P = carry
         ch, pr, al, ga = xs
         A, _, _ = chunk_projection(model, prior, ch, pr, cached, blocks)
-        return (msum + block_matvec(A, al), tuple(p + q for p, q in zip(P, block_gram(A, ga)))), None
+        G, Aal = block_gram(A, ga, al)
+        return (msum + Aal, tuple(p + q for p, q in zip(P, G))), None
 
     dim = dim0.shape[0]
     (m, P), _ = jax.lax.scan(body, (jnp.zeros(dim), zero_gram(dim, blocks)), (chunks, proj, alpha, gamma))

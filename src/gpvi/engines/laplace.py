@@ -53,7 +53,7 @@ from jax.scipy.linalg import cho_solve
 
 from ..likelihoods import Laplace
 from ..models import _check_X
-from ..objective import (DEFAULT_CHUNK, Chunks, Objective, State, assemble_gram, block_gram, block_matvec,
+from ..objective import (DEFAULT_CHUNK, Chunks, Objective, State, assemble_gram, block_gram,
                          block_vecmat, chunk_projection, make_chunks, num_blocks, zero_gram)
 from ._common import Clock, EngineResult, _finite, converged_change, state_from_precision_chol
 
@@ -90,7 +90,8 @@ def _chunk_terms(model, prior, ch, pr, w, cached, blocks, derivatives, clip):
     lp, g, h = _point_derivatives(model.likelihood, ch.y, f)
     lp, g, h = (jnp.where(keep, t, 0.0) for t in (lp, g, h))
     hw = jnp.minimum(h, 0.0) if clip else h
-    return (jnp.sum(lp), block_matvec(A, g), block_gram(A, hw),
+    H, Ag = block_gram(A, hw, g)
+    return (jnp.sum(lp), Ag, H,
             jnp.sum(h > 0, dtype=jnp.int32), jnp.sum(h != 0, dtype=jnp.int32))
 
 
