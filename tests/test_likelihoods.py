@@ -279,10 +279,12 @@ def test_variational_moments_are_finite_difference_derivatives(name):
     np.testing.assert_allclose(lam, fd_lam, rtol=1e-6, atol=1e-7)
 
 
-def test_logit_moments_are_the_autodiff_derivatives_of_the_quadrature():
-    # Bernoulli(logit) writes ρ, λ out (Stein's form of ∂E/∂v); the base class differentiates
+@pytest.mark.parametrize("points", [20, 7])
+def test_logit_moments_are_the_autodiff_derivatives_of_the_quadrature(points):
+    # Bernoulli(logit) writes ρ, λ out (Stein's form of ∂E/∂v) and takes one log per mirrored
+    # pair of nodes (an odd rule keeps its middle node alone); the base class differentiates
     # the same Gauss–Hermite E by autodiff: they must agree to rounding, also far in the tails.
-    lik = L.Bernoulli()
+    lik = L.Bernoulli(quadrature_points=points)
     Y, M, V = grid([-1.0, 1.0], ALL_V)
     M = np.concatenate([M, np.full(4, 40.0), np.full(4, -40.0)])
     Y, V = np.concatenate([Y, np.tile([-1.0, 1.0], 4)]), np.concatenate([V, np.full(8, 0.5)])
@@ -290,6 +292,11 @@ def test_logit_moments_are_the_autodiff_derivatives_of_the_quadrature():
     ref = jax.jit(lambda *a: L.Likelihood.variational_moments(lik, *a))(*j(Y, M, V))
     for label, a, b in zip(("E", "rho", "lam"), got, ref):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-13, atol=1e-15, err_msg=label)
+    # any array shape, elementwise: a 2-D batch gives the 1-D results reshaped
+    n = 2 * (len(Y) // 2)
+    got2 = lik.variational_moments(*(jnp.asarray(a[:n]).reshape(2, -1) for a in (Y, M, V)))
+    for a, b in zip(got2, got):
+        np.testing.assert_allclose(np.asarray(a).ravel(), np.asarray(b)[:n], rtol=1e-14, atol=1e-16)
 
 
 @pytest.mark.parametrize("name", [n for n in IDS if n != "laplace"])

@@ -21,6 +21,8 @@ support and maps labels to the internal coding, e.g. {0, 1} → {−1, +1} for B
 """
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -213,18 +215,26 @@ class Bernoulli(Likelihood):
             return super().variational_moments(y, m, v)
         # The base class's Gauss–Hermite E and its exact derivatives, written out: with
         # f_k = m + √v z_k and t_k = y f_k, E = Σ w_k log σ(t_k), ∂E/∂m = Σ w_k y σ(−t_k) and
-        # 2 ∂E/∂v = Σ w_k y σ(−t_k) z_k / √v.  One exp, one division and one log per node,
-        # where autodiff through log σ costs about 1.6× as much (a logistic pass is ~10 % faster).
+        # 2 ∂E/∂v = Σ w_k y σ(−t_k) z_k / √v.  One exp and one division per node, where autodiff
+        # through log σ costs about 1.6× as much (a logistic pass is ~10 % faster).
         z, w = gauss_hermite(self.quadrature_points)
+        n, h = z.shape[0], z.shape[0] // 2
+        zs = z.reshape((n,) + (1,) * len(jnp.broadcast_shapes(jnp.shape(y), jnp.shape(m), jnp.shape(v))))
         s = jnp.sqrt(v)
-        t = y[..., None] * (m[..., None] + s[..., None] * z)
+        t = y * (m + s * zs)
         e = jnp.exp(-jnp.abs(t))
-        r = 1.0 / (1.0 + e)  # σ(|t|)
-        # log σ(t) = min(t, 0) + log σ(|t|); log of r instead of −log1p(e) is exact to 1e-16
-        # absolute (|log σ(|t|)| ≤ log 2), which is all a sum of N terms can resolve anyway.
-        log_sig = jnp.minimum(t, 0.0) + jnp.log(r)
-        g = y[..., None] * jnp.where(t >= 0.0, e * r, r)  # ∂_f log σ(y f) = y σ(−t)
-        return log_sig @ w, g @ w, (g @ (w * z)) / s
+        r = 1.0 / (1.0 + e)  # σ(|t|) ∈ [½, 1]
+        g = y * jnp.where(t >= 0.0, e * r, r)  # ∂_f log σ(y f) = y σ(−t)
+        # log σ(t) = min(t, 0) + log σ(|t|).  The rule is symmetric (z_k = −z_{n−1−k}, equal
+        # weights), so the logs of a mirrored pair are taken as one, log(σ(|t_k|)σ(|t_{n−1−k}|)):
+        # half the logs (the dearest op here), exact to rounding as each product lies in [¼, 1].
+        # With the nodes as the leading axis, a pass at N = 20 000, M = 200 took 0.03–0.10 NumPy
+        # products less (medians of 10 paired rounds) than one log per node with nodes last.
+        dot = partial(jnp.tensordot, axes=1)
+        E = dot(w, jnp.minimum(t, 0.0)) + dot(w[:h], jnp.log(r[:h] * r[::-1][:h]))
+        if n % 2:
+            E = E + w[h] * jnp.log(r[h])
+        return E, dot(w, g), dot(w * z, g) / s
 
     def conditional_mean(self, f):
         return self._cdf(f)  # P(y = +1 | f)

@@ -19,6 +19,8 @@ def _nodes(n: int):
         raise ValueError(f"quadrature needs at least one point, got {n}")
     # numpy's hermgauss integrates against exp(-x^2); rescale to the standard normal.
     x, w = np.polynomial.hermite.hermgauss(n)
+    # exactly mirror-symmetric (hermgauss already is): Bernoulli's moments pair mirrored nodes
+    x, w = 0.5 * (x - x[::-1]), 0.5 * (w + w[::-1])
     return x * np.sqrt(2.0), w / np.sqrt(np.pi)
 
 
