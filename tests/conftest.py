@@ -25,6 +25,29 @@ if _cache != "0":
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
+# Every compiled XLA program keeps its code mapped (about 200 memory mappings per fit of a new
+# shape), and the jit caches keep every program alive.  One xdist worker running ~300 tests
+# reached 63 600 mappings, near Linux's default vm.max_map_count of 65 530, past which XLA
+# crashed (SIGSEGV/SIGABRT) while compiling or loading a program.  So the in-memory caches are
+# dropped whenever a test leaves the process above this many mappings; the persistent cache
+# above makes recompiling cheap.
+_MAX_MAPS = 20000
+_MAPS = Path("/proc/self/maps")
+
+
+@pytest.fixture(autouse=True)
+def _bounded_jit_caches():
+    yield
+    if _MAPS.exists():
+        with _MAPS.open() as f:
+            count = sum(1 for _ in f)
+        if count > _MAX_MAPS:
+            jax.clear_caches()
+            import gc
+
+            gc.collect()
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261121)
