@@ -142,14 +142,32 @@ def verdict(ok) -> str:
     return "PASS" if ok else "FAIL"
 
 
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict:
-    """Where the numbers were taken (for the JSON)."""
+    """Where the numbers were taken (for the JSON).  Ratios against a NumPy product depend on
+    the CPU and on the kernel OpenBLAS picks for it, so both are recorded."""
     import jax
     import numpy as np
+    from threadpoolctl import threadpool_info
 
+    blas = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
+            for i in threadpool_info() if i.get("user_api") == "blas"]
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "blas": blas,
         "cpu_count": os.cpu_count(),
         "numpy": np.__version__,
         "jax": jax.__version__,

@@ -349,14 +349,17 @@ def main(argv=None):
 
     with C.OtherLoad() as other:
         results = {lik: run_likelihood(lik, args, log) for lik in args.likelihoods}
+    env = C.environment()
     report(results, args)
-    print(f"\n  other processes kept {other.result['other_cores']:.2f} of {os.cpu_count()} cores busy on average "
+    print(f"\n  CPU: {env['cpu']}; NumPy's BLAS: {', '.join(env['blas']) or 'unknown'} "
+          "(the product ratios depend on both)")
+    print(f"  other processes kept {other.result['other_cores']:.2f} of {os.cpu_count()} cores busy on average "
           "during the benchmark (timings are trustworthy only near 0)")
     out = C.results_dir(args.outdir)
     figure(results, out / f"{args.out}.png")
     ok = all(t["ok"] for R in results.values() for t in R["targets"].values())
     C.write_json(out / f"{args.out}.json", dict(
-        benchmark="engines", config=vars(args), environment=C.environment(), nats=NATS,
+        benchmark="engines", config=vars(args), environment=env, nats=NATS,
         targets={"fpi_iterations_to_target": TARGET_ITERS, "fpi_iteration_over_product": TARGET_PRODUCT_RATIO},
         all_targets_pass=ok, total_seconds=time.perf_counter() - t0, load_average_start=load_start,
         load_average_end=C.load_average(), other_load=other.result, results=results))
