@@ -161,8 +161,8 @@ def environment() -> dict:
     import numpy as np
     from threadpoolctl import threadpool_info
 
-    blas = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
-            for i in threadpool_info() if i.get("user_api") == "blas"]
+    blas = sorted(f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
+            for i in threadpool_info() if i.get("user_api") == "blas")
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
