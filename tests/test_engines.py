@@ -315,6 +315,7 @@ def test_tri_inv_is_the_inverse_of_a_lower_triangular_matrix(rng, d):
     assert np.isnan(np.asarray(tri_inv(jnp.asarray(R)))).any()
 
 
+@pytest.mark.slow  # 5 s; the quick subset has the Student-t safeguard test above
 def test_fpi_clips_gamma_when_the_target_precision_is_indefinite_and_still_reaches_the_optimum():
     # Student-t with outliers: far from the optimum I − S is indefinite (γ_i < 0), so in
     # "auto" mode the step is retried with γ clipped at 0.  Clipping changes the steps, not the
