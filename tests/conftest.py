@@ -8,6 +8,7 @@ the program text, the compiler options and the jaxlib version, so it cannot hand
 compiled for another program.  Set ``GPVI_TEST_JAX_CACHE=0`` to run without it, or to another
 directory to put it elsewhere.
 """
+import gc
 import os
 from pathlib import Path
 
@@ -26,9 +27,10 @@ if _cache != "0":
 
 
 # Every compiled XLA program keeps its code mapped (about 200 memory mappings per fit of a new
-# shape), and the jit caches keep every program alive.  One xdist worker running ~300 tests
-# reached 63 600 mappings, near Linux's default vm.max_map_count of 65 530, past which XLA
-# crashed (SIGSEGV/SIGABRT) while compiling or loading a program.  So the in-memory caches are
+# shape), and the jit caches keep every program alive.  Without this guard one xdist worker of
+# the full suite reached 53 592 mappings (63 600 with an extra compiled program per fit), near
+# Linux's default vm.max_map_count of 65 530, past which XLA crashed (SIGSEGV/SIGABRT) while
+# compiling or loading a program; with it the peak is about 21 000.  So the in-memory caches are
 # dropped whenever a test leaves the process above this many mappings; the persistent cache
 # above makes recompiling cheap.
 _MAX_MAPS = 20000
@@ -43,8 +45,6 @@ def _bounded_jit_caches():
             count = sum(1 for _ in f)
         if count > _MAX_MAPS:
             jax.clear_caches()
-            import gc
-
             gc.collect()
 
 
