@@ -11,9 +11,12 @@ rebuilt, so loading a file never imports or runs code named by the file.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io as _io
 import json
+import os
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -25,11 +28,36 @@ from . import kernels, likelihoods, models
 from ._module import Module
 from .objective import State
 
-__all__ = ["save", "load", "register", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "register", "atomic_write", "FORMAT", "VERSION"]
 
 FORMAT = "gpvi-model"
 VERSION = 1
 _REGISTRY: dict[str, type] = {}
+
+
+@contextlib.contextmanager
+def atomic_write(path, mode: str = "wb"):
+    """Open a temporary file in ``path``'s folder for writing; on a clean exit it is flushed,
+    fsynced and renamed onto ``path`` with :func:`os.replace` (atomic on POSIX), otherwise it
+    is removed.  So a failed write (full disk, an exception, an interrupt) leaves any previous
+    ``path`` intact, and a concurrent reader sees either the old file or the new one, never a
+    partial one.  Yields the open file object.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file open()'s usual mode
+        with os.fdopen(fd, mode) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def register(cls):
@@ -151,7 +179,8 @@ def save(obj, path, extra: dict | None = None) -> Path:
     np.savez(buf, **{k: v for k, v in arrays.items()},
              **{"meta.json": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)})
     path = Path(path)
-    path.write_bytes(buf.getvalue())
+    with atomic_write(path) as f:
+        f.write(buf.getvalue())
     return path
 
 
