@@ -13,6 +13,15 @@ unconstrained vector whatever the component:
 
 Learnable parameters are addressed by dotted paths (``"kernel.lengthscale"``,
 ``"likelihood.edges"``), which is how :func:`gpvi.fit` lets a user choose what to learn.
+
+Values are checked where they are set: building a component (``RBF(lengthscale=-1)``,
+``.replace(...)``) raises a ``ValueError`` that names the parameter and its allowed range
+(each parameter's *domain*: positive, ordered, real; a *shape*: scalar, vector or either),
+and Python lists and tuples become float64 arrays.  Only concrete values are checked:
+tracers (a component rebuilt inside ``jit`` or ``grad``) pass through untouched, pytree
+unflattening rebuilds objects without running any check (JAX fills them with placeholder
+leaves), and :func:`unflatten_params` sets the optimiser's trial values unchecked, since a
+trial point that overflows must give a non-finite bound, not an exception.
 """
 from __future__ import annotations
 
@@ -23,27 +32,141 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["module", "param", "static", "positional", "Module", "flatten_params", "unflatten_params"]
+__all__ = ["module", "param", "static", "positional", "Module", "flatten_params", "unflatten_params",
+           "check_value", "is_tracer"]
 
 
-def param(transform: str = "real", default: Any = dataclasses.MISSING):
-    """Declare a dataclass field holding a parameter with the given transform."""
+_DOMAINS = ("positive", "ordered", "real", None)
+_SHAPES = ("scalar", "vector", "scalar_or_vector", None)
+_DEFAULT_DOMAIN = {"positive": "positive", "ordered": "ordered", "real": "real", "fixed": "real"}
+_DEFAULT_SHAPE = {"positive": "scalar_or_vector", "ordered": "vector", "real": None, "fixed": None}
+
+
+def param(transform: str = "real", default: Any = dataclasses.MISSING, *, domain: Any = "auto",
+          shape: Any = "auto"):
+    """Declare a dataclass field holding a parameter with the given transform.
+
+    ``domain`` (``"positive"``, ``"ordered"``, ``"real"`` or None for no check; by default
+    the transform's, ``"real"`` for ``"fixed"``) and ``shape`` (``"scalar"``, ``"vector"``,
+    ``"scalar_or_vector"`` or None) are checked on every concrete value at construction.  A
+    ``None`` value is accepted only when the default is None (e.g. a value set later).
+    """
     if transform not in ("positive", "ordered", "real", "fixed"):
         raise ValueError(f"unknown transform {transform!r}")
+    domain = _DEFAULT_DOMAIN[transform] if domain == "auto" else domain
+    shape = _DEFAULT_SHAPE[transform] if shape == "auto" else shape
+    if domain not in _DOMAINS or shape not in _SHAPES:
+        raise ValueError(f"unknown domain {domain!r} or shape {shape!r}")
     kw = {} if default is dataclasses.MISSING else {"default": default}
-    return dataclasses.field(metadata={"transform": transform}, **kw)
+    return dataclasses.field(metadata={"transform": transform, "domain": domain, "shape": shape}, **kw)
 
 
-def static(default: Any = dataclasses.MISSING):
-    """Declare a static (non-array, never learned) dataclass field."""
+def static(default: Any = dataclasses.MISSING, *, check=None):
+    """Declare a static (non-array, never learned) dataclass field.
+
+    ``check(owner, name, value)`` (optional) validates a value at construction and returns
+    it (possibly normalised); it raises ``ValueError`` naming ``name`` and its allowed range.
+    """
     kw = {} if default is dataclasses.MISSING else {"default": default}
-    return dataclasses.field(metadata={"static": True}, **kw)
+    return dataclasses.field(metadata={"static": True, "check": check}, **kw)
 
 
-def positional(default: Any = None):
+def positional(default: Any = None, *, kind: type | None = None):
     """Declare a sub-module field that may also be passed positionally, in declaration order
-    (``SparseGP(kernel, likelihood, inducing=Z)``); every other field is keyword-only."""
-    return dataclasses.field(default=default, kw_only=False)
+    (``SparseGP(kernel, likelihood, inducing=Z)``); every other field is keyword-only.
+
+    With ``kind``, a value that is neither None nor an instance of ``kind`` is rejected.
+    """
+    return dataclasses.field(default=default, kw_only=False, metadata={"kind": kind})
+
+
+def is_tracer(x) -> bool:
+    """Whether ``x`` is (or, for a list or tuple, holds) an abstract JAX value."""
+    if isinstance(x, (list, tuple)):
+        return any(is_tracer(v) for v in x)
+    return isinstance(x, jax.core.Tracer)
+
+
+def _show(val) -> str:
+    try:
+        arr = np.asarray(val)
+    except Exception:  # noqa: BLE001 - only for the message
+        return repr(val)
+    if arr.dtype.kind in "biuf" and arr.size > 6:
+        return f"an array of shape {arr.shape}"
+    return repr(val) if not isinstance(val, (np.ndarray, jax.Array)) else np.array2string(arr, precision=6)
+
+
+def _describe(domain, shape) -> str:
+    """The allowed values of a parameter, in words."""
+    finite = "finite " if domain is not None else ""
+    cond = " > 0" if domain == "positive" else ""
+    if domain == "ordered":
+        return "a non-empty, strictly increasing 1-D array of finite numbers"
+    if shape == "scalar":
+        return f"a {finite}number{cond}"
+    if shape == "vector":
+        return f"a non-empty 1-D array of {finite}numbers{cond}"
+    if shape == "scalar_or_vector":
+        return f"a {finite}number{cond} or a non-empty 1-D array of them"
+    return "finite and > 0" if domain == "positive" else "finite" if domain == "real" else "numeric"
+
+
+def check_value(owner: str, name: str, val, domain: str | None, shape: str | None):
+    """``val`` checked against ``domain`` and ``shape`` (see :func:`param`); lists and tuples
+    are returned as float64 arrays, other values unchanged.  Tracers pass unchecked."""
+    if is_tracer(val):
+        return jnp.asarray(val) if isinstance(val, (list, tuple)) else val
+    if domain is None and shape is None:
+        return val
+    what = _describe(domain, shape)
+
+    def bad(detail=""):
+        return ValueError(f"{owner}: {name} must be {what}, got {_show(val)}{detail}")
+
+    if isinstance(val, (bool, np.bool_, str, bytes)):
+        raise bad()
+    try:
+        arr = np.asarray(val)
+    except Exception:  # noqa: BLE001 - ragged lists, arbitrary objects
+        raise bad() from None
+    if arr.dtype.kind not in "iuf":
+        raise bad()
+    if isinstance(val, (list, tuple)):
+        val = arr = arr.astype(np.float64)
+    if shape == "scalar" and arr.ndim != 0 or shape == "vector" and (arr.ndim != 1 or arr.size == 0) \
+            or shape == "scalar_or_vector" and (arr.ndim > 1 or arr.ndim == 1 and arr.size == 0):
+        raise bad(f" (shape {arr.shape})")
+    a = arr.astype(np.float64)
+    if domain is not None and not np.all(np.isfinite(a)):
+        raise bad()
+    if domain == "positive" and not np.all(a > 0):
+        raise bad()
+    if domain == "ordered" and not (a.ndim == 1 and a.size >= 1 and np.all(np.diff(a) > 0)):
+        raise bad()
+    return val
+
+
+def _check_fields(obj):
+    """Validate (and normalise) every field of a freshly built component; see :func:`param`."""
+    owner = type(obj).__name__
+    for f in dataclasses.fields(obj):
+        val = getattr(obj, f.name)
+        md = f.metadata
+        new = val
+        if "transform" in md:
+            if val is None:
+                if f.default is not None:
+                    raise ValueError(f"{owner}: {f.name} must be {_describe(md['domain'], md['shape'])}, got None")
+                continue
+            new = check_value(owner, f.name, val, md["domain"], md["shape"])
+        elif md.get("check") is not None:
+            new = md["check"](owner, f.name, val)
+        elif md.get("kind") is not None and val is not None and not isinstance(val, md["kind"]):
+            raise ValueError(f"{owner}: {f.name} must be a gpvi {md['kind'].__name__}, got {_show(val)} "
+                             f"(of type {type(val).__name__})")
+        if new is not val:
+            object.__setattr__(obj, f.name, new)
 
 
 def module(cls):
@@ -53,7 +176,18 @@ def module(cls):
     Applied automatically to every subclass of :class:`Module`, so a user's subclass
     needs no decorator.  Parameter and sub-module fields are pytree children; static
     fields are auxiliary data (hashable, so jitted functions can be cached on them).
+    A ``__post_init__`` of the class runs after the field checks of :func:`param`, whether
+    or not it calls ``super().__post_init__()``.
     """
+    own = cls.__dict__.get("__post_init__")
+    if own is not None and not getattr(own, "_gpvi_checks_fields", False):
+        def __post_init__(self, _own=own):
+            _check_fields(self)
+            _own(self)
+
+        __post_init__._gpvi_checks_fields = True
+        __post_init__.__doc__ = own.__doc__
+        cls.__post_init__ = __post_init__
     cls = dataclasses.dataclass(frozen=True, eq=False, repr=False, kw_only=True)(cls)
     fields = dataclasses.fields(cls)
     data = [f.name for f in fields if not f.metadata.get("static", False)]
@@ -70,10 +204,19 @@ def module(cls):
         return [getattr(obj, n) for n in data], tuple(getattr(obj, n) for n in meta)
 
     def unflatten(aux, children):
-        return cls(**dict(zip(data, children)), **dict(zip(meta, aux)))
+        # Not cls(...): JAX unflattens with tracers and with placeholder leaves (None,
+        # object(), shapes), which must neither be checked nor converted.
+        return _build_unchecked(cls, {**dict(zip(data, children)), **dict(zip(meta, aux))})
 
     jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
     return cls
+
+
+def _build_unchecked(cls, values: dict):
+    obj = object.__new__(cls)
+    for name, val in values.items():
+        object.__setattr__(obj, name, val)
+    return obj
 
 
 class Module:
@@ -83,9 +226,18 @@ class Module:
         super().__init_subclass__(**kwargs)
         module(cls)
 
+    def __post_init__(self):
+        _check_fields(self)
+
     def replace(self, **changes):
-        """Return a copy with some fields replaced (the object itself is immutable)."""
+        """Return a copy with some fields replaced (the object itself is immutable); the new
+        values are checked as at construction."""
         return dataclasses.replace(self, **changes)
+
+    def _replace_unchecked(self, **changes):
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values.update(changes)
+        return _build_unchecked(type(self), values)
 
     def __repr__(self) -> str:
         parts = []
@@ -127,8 +279,9 @@ class Module:
                 out[path] = f.metadata["transform"]
         return out
 
-    def with_parameters(self, values: dict[str, Any]):
-        """Return a copy with the parameters at the given dotted paths replaced."""
+    def with_parameters(self, values: dict[str, Any], check: bool = True):
+        """Return a copy with the parameters at the given dotted paths replaced (checked as at
+        construction unless ``check=False``)."""
         own: dict[str, Any] = {}
         nested: dict[str, dict[str, Any]] = {}
         for path, val in values.items():
@@ -145,10 +298,13 @@ class Module:
                 for p, v in sub.items():
                     idx, _, r = p.partition(".")
                     per.setdefault(int(idx), {})[r] = v
-                changes[head] = type(child)(c.with_parameters(per.get(k, {})) for k, c in enumerate(child))
+                changes[head] = type(child)(c.with_parameters(per.get(k, {}), check)
+                                            for k, c in enumerate(child))
             else:
-                changes[head] = child.with_parameters(sub)
-        return self.replace(**changes) if changes else self
+                changes[head] = child.with_parameters(sub, check)
+        if not changes:
+            return self
+        return self.replace(**changes) if check else self._replace_unchecked(**changes)
 
 
 def _to_unconstrained(x, transform):
@@ -175,6 +331,12 @@ def flatten_params(obj: Module, names: list[str]) -> dict[str, jax.Array]:
 
 
 def unflatten_params(obj: Module, unconstrained: dict[str, jax.Array]) -> Module:
-    """Inverse of :func:`flatten_params`: a copy of ``obj`` with those parameters set."""
+    """Inverse of :func:`flatten_params`: a copy of ``obj`` with those parameters set.
+
+    The values are not range-checked: an optimiser's trial point may overflow (a lengthscale
+    ``exp(800) = inf``) and must then give a non-finite bound that the line search backs off
+    from, not an exception.
+    """
     trans = obj.transforms()
-    return obj.with_parameters({n: _to_constrained(u, trans[n]) for n, u in unconstrained.items()})
+    return obj.with_parameters({n: _to_constrained(u, trans[n]) for n, u in unconstrained.items()},
+                               check=False)

@@ -41,7 +41,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from . import io as _gio
 from . import kernels, likelihoods
 from .fit import _check_offset, fit as _fit, learnable_parameters
-from .models import GP, SparseGP
+from .models import GP, SparseGP, _pandas_to_array, check_input_range
 
 __all__ = ["GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor"]
 
@@ -152,11 +152,20 @@ class _GPEstimator(BaseEstimator):
     # ---- fitting ---------------------------------------------------------------------------
     def _validate_X(self, X, reset):
         # C order: a DataFrame (column-major) and an array give bit-identical results.
-        return validate_data(self, X, reset=reset, dtype=np.float64, order="C")
+        _pandas_to_array(X, "X")  # a missing value in a nullable (Int64, …) column, by name
+        X = validate_data(self, X, reset=reset, dtype=np.float64, order="C")
+        check_input_range(X, "X", self._feature_labels())
+        return X
+
+    def _feature_labels(self):
+        names = getattr(self, "feature_names_in_", None)
+        return None if names is None else list(names)
 
     def _fit(self, X, y, exposure=None):
         self._check_params()
+        _pandas_to_array(X, "X")
         X, y = validate_data(self, X, y, dtype=np.float64, order="C", y_numeric=self._y_numeric)
+        check_input_range(X, "X", self._feature_labels())
         offset = _log_exposure(exposure, X.shape[0])
         y_int = self._prepare_targets(y)
         n, D = X.shape

@@ -217,6 +217,28 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         raise ValueError(f"tol must be positive, got {tol}")
     if int(max_iter) < 1:
         raise ValueError(f"max_iter must be at least 1, got {max_iter}")
+    if isinstance(max_rounds, (bool, np.bool_)) or not isinstance(max_rounds, (int, np.integer)) \
+            or max_rounds < 1:
+        raise ValueError(f"max_rounds must be an int ≥ 1 (L-BFGS-B iterations), got {max_rounds!r}")
+    if not isinstance(learn_inducing, (bool, np.bool_)):
+        raise ValueError(f"learn_inducing must be True or False, got {learn_inducing!r}")
+    if isinstance(learn_hyperparameters, str):
+        learn_hyperparameters = [learn_hyperparameters]  # one dotted name
+    if learn_hyperparameters is None or isinstance(learn_hyperparameters, (bool, np.bool_)):
+        learn_hyperparameters = bool(learn_hyperparameters)
+    else:
+        try:
+            names = list(learn_hyperparameters)
+        except TypeError:
+            names = [None]
+        if not all(isinstance(n, str) for n in names):
+            raise ValueError("learn_hyperparameters must be True, False, a parameter name or a list of "
+                             f"names such as ['kernel.lengthscale'], got {learn_hyperparameters!r}")
+        unknown = set(names) - set(model.transforms())
+        if unknown:
+            raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
+                             f"known: {sorted(model.transforms())}")
+        learn_hyperparameters = names
     X = _check_X(X, "X")
     y = _as_array(y, "y")
     if y.ndim != 1:

@@ -4,9 +4,13 @@ A kernel is an immutable pytree (see :mod:`gpvi._module`).  Calling it on two in
 arrays ``X1`` of shape (N1, D) and ``X2`` of shape (N2, D) gives the (N1, N2) covariance
 matrix; :meth:`Kernel.diag` gives the (N,) diagonal without forming the matrix.  Kernels
 combine with ``+`` and ``*``.  Positive parameters (variances, lengthscales) are learned on
-the log scale.
+the log scale.  They are checked when a kernel is built: a variance must be a finite number
+> 0, a lengthscale a finite number > 0 or a 1-D array (or list) of them (ARD), else a
+``ValueError`` names the parameter.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 
@@ -31,6 +35,11 @@ def _as_2d(X):
 
 class Kernel(Module):
     """Base class: subclasses implement ``_K(X1, X2)`` and ``_diag(X)`` on 2-D inputs."""
+
+    def __post_init__(self):
+        if type(self) in (Kernel, Stationary):
+            raise ValueError(f"{type(self).__name__} is an abstract base class: use a kernel such as "
+                             f"{', '.join(n for n in __all__ if n not in ('Kernel', 'Sum', 'Product'))}")
 
     def __call__(self, X1, X2=None):
         """Covariance matrix ``k(X1, X2)``, shape (N1, N2); ``X2`` defaults to ``X1``."""
@@ -103,8 +112,8 @@ def _safe_sqrt(d2):
 class RBF(Stationary):
     """Squared exponential ``s^2 exp(-|x-x'|^2 / (2 l^2))``; vector ``lengthscale`` gives ARD."""
 
-    variance: object = param("positive", 1.0)
-    lengthscale: object = param("positive", 1.0)
+    variance: object = param("positive", 1.0, shape="scalar")
+    lengthscale: object = param("positive", 1.0, shape="scalar_or_vector")
 
     def _profile(self, d2):
         return jnp.exp(-0.5 * d2)
@@ -113,8 +122,8 @@ class RBF(Stationary):
 class Matern12(Stationary):
     """Matérn ν=1/2 (exponential) kernel ``s^2 exp(-r)``, ``r = |x-x'|/l``."""
 
-    variance: object = param("positive", 1.0)
-    lengthscale: object = param("positive", 1.0)
+    variance: object = param("positive", 1.0, shape="scalar")
+    lengthscale: object = param("positive", 1.0, shape="scalar_or_vector")
 
     def _profile(self, d2):
         return jnp.exp(-_safe_sqrt(d2))
@@ -123,8 +132,8 @@ class Matern12(Stationary):
 class Matern32(Stationary):
     """Matérn ν=3/2 kernel ``s^2 (1 + √3 r) exp(-√3 r)``."""
 
-    variance: object = param("positive", 1.0)
-    lengthscale: object = param("positive", 1.0)
+    variance: object = param("positive", 1.0, shape="scalar")
+    lengthscale: object = param("positive", 1.0, shape="scalar_or_vector")
 
     def _profile(self, d2):
         r = jnp.sqrt(3.0) * _safe_sqrt(d2)
@@ -134,8 +143,8 @@ class Matern32(Stationary):
 class Matern52(Stationary):
     """Matérn ν=5/2 kernel ``s^2 (1 + √5 r + 5 r²/3) exp(-√5 r)``."""
 
-    variance: object = param("positive", 1.0)
-    lengthscale: object = param("positive", 1.0)
+    variance: object = param("positive", 1.0, shape="scalar")
+    lengthscale: object = param("positive", 1.0, shape="scalar_or_vector")
 
     def _profile(self, d2):
         r = jnp.sqrt(5.0) * _safe_sqrt(d2)
@@ -145,7 +154,7 @@ class Matern52(Stationary):
 class Linear(Kernel):
     """Linear (dot-product) kernel ``s^2 x·x'``."""
 
-    variance: object = param("positive", 1.0)
+    variance: object = param("positive", 1.0, shape="scalar")
 
     def _K(self, X1, X2):
         return self.variance * (X1 @ X2.T)
@@ -157,7 +166,7 @@ class Linear(Kernel):
 class Constant(Kernel):
     """Constant kernel ``s^2`` (a random offset shared by all points)."""
 
-    variance: object = param("positive", 1.0)
+    variance: object = param("positive", 1.0, shape="scalar")
 
     def _K(self, X1, X2):
         return jnp.full((X1.shape[0], X2.shape[0]), self.variance, dtype=X1.dtype)
@@ -166,10 +175,19 @@ class Constant(Kernel):
         return jnp.full(X.shape[0], self.variance, dtype=X.dtype)
 
 
+def _check_kernels(owner, name, val):
+    """A non-empty tuple of kernels (a list is turned into a tuple)."""
+    if isinstance(val, list):
+        val = tuple(val)
+    if not isinstance(val, tuple) or not val or not all(isinstance(k, Kernel) for k in val):
+        raise ValueError(f"{owner}: {name} must be a non-empty tuple of gpvi kernels, got {val!r}")
+    return val
+
+
 class Sum(Kernel):
     """Sum of kernels; built by ``k1 + k2``."""
 
-    kernels: tuple = ()
+    kernels: tuple = dataclasses.field(default=(), metadata={"check": _check_kernels})
 
     def _K(self, X1, X2):
         return sum(k._K(X1, X2) for k in self.kernels)
@@ -184,7 +202,7 @@ class Sum(Kernel):
 class Product(Kernel):
     """Elementwise product of kernels; built by ``k1 * k2``."""
 
-    kernels: tuple = ()
+    kernels: tuple = dataclasses.field(default=(), metadata={"check": _check_kernels})
 
     def _K(self, X1, X2):
         out = self.kernels[0]._K(X1, X2)

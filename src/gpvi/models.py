@@ -20,12 +20,15 @@ and :meth:`Model.project` (a_i, b_i, c_i for a chunk of rows).
 """
 from __future__ import annotations
 
+import numbers
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-from ._module import Module, param, positional, static
+from ._module import Module, is_tracer, param, positional, static
 from .kernels import Kernel
 from .likelihoods import Likelihood, _as_array, _is_real_dtype
 
@@ -71,7 +74,68 @@ def kl_standard_normal(m, L):
     return 0.5 * (jnp.sum(L**2) + m @ m - d) - jnp.sum(jnp.log(jnp.abs(jnp.diag(L))))
 
 
+# Largest |input| accepted.  Kernels square scaled differences, ((x − x')/ℓ)², and k-means
+# (inducing-input placement) squares distances too: with |x| ≤ 1e150 a squared difference is
+# at most (2e150)² = 4e300, below the float64 maximum (1.8e308) with room for sums over
+# columns, whereas |x| ≈ 1.3e154 already overflows to inf.  Inputs that large carry no
+# information a rescaled column would not, so they are rejected by column before any work.
+X_ABS_MAX = 1e150
+
+
+def _column(name, j, labels):
+    """How a message names column ``j`` of input ``name``."""
+    if labels is not None:
+        return f"{name} column {labels[j]!r}"
+    return f"{name} column {j} ({name}[:, {j}])"
+
+
+def _pandas_to_array(X, name):
+    """``(array, column labels)`` for a pandas DataFrame or Series, else ``(X, None)``.
+
+    Nullable extension columns (``Int64``, ``Float64``, ``boolean``) are numeric when they hold
+    no missing value; a missing value is reported by column, not as a non-numeric dtype.
+    """
+    pd = sys.modules.get("pandas")
+    if pd is None or not isinstance(X, (pd.DataFrame, pd.Series)):
+        return X, None
+    frame = X.to_frame() if isinstance(X, pd.Series) else X
+    labels = list(frame.columns)
+    numeric = True
+    for j in range(frame.shape[1]):
+        col = frame.iloc[:, j]
+        dt = col.dtype
+        if not (pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt)) \
+                or pd.api.types.is_complex_dtype(dt):
+            numeric = False
+            continue
+        if isinstance(dt, pd.api.extensions.ExtensionDtype):
+            missing = np.flatnonzero(np.asarray(col.isna()))
+            if missing.size:
+                raise ValueError(f"{_column(name, j, labels)} has {missing.size} missing value(s) "
+                                 f"(first in row {missing[0]}): impute or drop them before fitting")
+    if not numeric:
+        return np.asarray(frame), labels  # reported as non-numeric by _check_X
+    return frame.to_numpy(dtype=np.float64), labels
+
+
+def check_input_range(X, name="X", labels=None):
+    """Raise a ValueError naming the first column of the float array ``X`` (N, D) that holds
+    NaN, ±inf or a value beyond ±:data:`X_ABS_MAX`."""
+    finite = np.isfinite(X)
+    if not np.all(finite):
+        j = int(np.flatnonzero(~np.all(finite, axis=0))[0])
+        i = int(np.flatnonzero(~finite[:, j])[0])
+        raise ValueError(f"{_column(name, j, labels)} contains NaN or infinite values (first in row {i})")
+    big = np.max(np.abs(X), axis=0) > X_ABS_MAX
+    if np.any(big):
+        j = int(np.flatnonzero(big)[0])
+        top = float(np.max(np.abs(X[:, j])))
+        raise ValueError(f"{_column(name, j, labels)} has values up to {top:.3g} in absolute value; inputs "
+                         f"beyond ±{X_ABS_MAX:.0e} overflow the kernel's squared distances (rescale the column)")
+
+
 def _check_X(X, name="X"):
+    X, labels = _pandas_to_array(X, name)
     X = _as_array(X, name)
     if X.ndim == 1:
         X = X[:, None]
@@ -84,13 +148,40 @@ def _check_X(X, name="X"):
     if not _is_real_dtype(X.dtype):
         raise ValueError(f"{name} must be numeric (real), got dtype {X.dtype}")
     X = X.astype(np.float64)
-    if not np.all(np.isfinite(X)):
-        raise ValueError(f"{name} contains NaN or infinite values")
+    check_input_range(X, name, labels)
     return X
+
+
+def _check_jitter(owner, name, j):
+    if isinstance(j, (bool, np.bool_)) or not isinstance(j, numbers.Real) or not 0.0 < j <= 1.0:
+        raise ValueError(f"{owner}: {name} must be a number in (0, 1] (relative to the mean prior "
+                         f"variance), got {j!r}")
+    return float(j)
+
+
+def _check_inducing(owner, Z):
+    """``inducing`` of a SparseGP: None (not set yet), a positive int M or an (M, D) array."""
+    what = f"{owner}: inducing must be a positive int M or an (M, D) array of inducing inputs"
+    if Z is None or is_tracer(Z):
+        return Z
+    if isinstance(Z, (bool, np.bool_, str, bytes)):
+        raise ValueError(f"{what}, got {Z!r}")
+    if isinstance(Z, numbers.Integral) or (np.ndim(Z) == 0 and np.asarray(Z).dtype.kind in "iu"):
+        if int(Z) < 1:
+            raise ValueError(f"{what}, got {Z!r}")
+        return Z
+    if np.ndim(Z) == 0:
+        raise ValueError(f"{what}, got {Z!r}")
+    checked = _check_X(Z, "inducing")
+    return checked if isinstance(Z, (list, tuple)) else Z
 
 
 class Model(Module):
     """Base class: a likelihood plus a linear-Gaussian map from ``w`` to the latents."""
+
+    def __post_init__(self):
+        if type(self) is Model:
+            raise ValueError("Model is an abstract base class: use GLM, GP or SparseGP")
 
     def initialise(self, X, y=None, *, seed: int = 0) -> "Model":
         """Return a copy made concrete for data ``X`` (e.g. k-means inducing inputs)."""
@@ -121,8 +212,8 @@ class GLM(Model):
     Add a column of ones to ``X`` for an intercept.
     """
 
-    likelihood: Likelihood = positional()
-    prior_variance: object = param("positive", 1.0)
+    likelihood: Likelihood = positional(kind=Likelihood)
+    prior_variance: object = param("positive", 1.0, shape="scalar")
 
     def num_weights(self, X):
         return int(np.shape(X)[1])
@@ -144,11 +235,16 @@ class SparseGP(Model):
     ``learn_inducing`` is handled by :func:`gpvi.fit`.
     """
 
-    kernel: Kernel = positional()
-    likelihood: Likelihood = positional()
-    inducing: object = param("real", None)
-    mean: object = param("real", 0.0)
-    jitter: float = static(1e-8)
+    kernel: Kernel = positional(kind=Kernel)
+    likelihood: Likelihood = positional(kind=Likelihood)
+    inducing: object = param("real", None, domain=None, shape=None)
+    mean: object = param("real", 0.0, shape="scalar")
+    jitter: float = static(1e-8, check=_check_jitter)
+
+    def __post_init__(self):
+        Z = _check_inducing(type(self).__name__, self.inducing)
+        if Z is not self.inducing:
+            object.__setattr__(self, "inducing", Z)
 
     def initialise(self, X, y=None, *, seed: int = 0):
         X = _check_X(X)
@@ -195,10 +291,10 @@ class GP(Model):
     (``c_i = 0``) and predictions at new inputs are the matching GP conditionals.
     """
 
-    kernel: Kernel = positional()
-    likelihood: Likelihood = positional()
-    mean: object = param("real", 0.0)
-    jitter: float = static(1e-8)
+    kernel: Kernel = positional(kind=Kernel)
+    likelihood: Likelihood = positional(kind=Likelihood)
+    mean: object = param("real", 0.0, shape="scalar")
+    jitter: float = static(1e-8, check=_check_jitter)
 
     def num_weights(self, X):
         return int(np.shape(X)[0])
