@@ -202,7 +202,8 @@ def test_fit_reports_iterations_trace_and_message(rng):
     assert np.all(np.diff(res.trace[:, 0]) >= 0)
     assert [c[0] for c in calls] == list(range(res.iterations + 1))
     np.testing.assert_allclose([c[1] for c in calls], res.trace[:, 1])
-    assert res.converged and "tol" in res.message
+    assert res.converged and "estimated gap" in res.message
+    assert 0 <= res.gap <= 0.1 * 1e-8 * max(1.0, abs(res.vlb))  # the certified stopping rule
     short = gpvi.fit(model, X, y, tol=1e-14, max_iter=2)
     assert not short.converged and short.iterations == 2 and "max_iter" in short.message
 

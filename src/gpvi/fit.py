@@ -12,6 +12,7 @@ much faster than alternating single steps, which zig-zags like EM.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import time
 
@@ -43,6 +44,12 @@ class FitResult:
     state : ``State(mean, chol)`` of ``q(w)`` in whitened coordinates.
     vlb : final variational lower bound, nats summed over the data.
     iterations, converged, message : of the (last) engine run; ``message`` says why it stopped.
+        ``converged`` means the engine certified its state: the estimated gap below was at
+        most the tolerance (see :func:`fit`'s ``tol`` and ``tol_nats``).
+    gap : the estimated distance ``VLB* − VLB`` (nats) of the final state from the optimum at
+        the final hyperparameters (:func:`gpvi.engines._common.estimated_gap`; for the dual
+        engine the duality gap where strong duality holds; NaN for the Laplace engine, which
+        does not maximise the VLB).
     trace : (K, 2) array of (seconds since the start of the fit, VLB) per iteration.
     backtracks, cycles, clipped : safeguard events of the fixed-point engines (0 for others):
         damped (VLB-lowering) steps, detected 2-cycles, steps that clipped γ_i at 0.
@@ -69,6 +76,7 @@ class FitResult:
     clipped: int = 0
     subset: np.ndarray | None = dataclasses.field(default=None, repr=False)
     extras: dict = dataclasses.field(default_factory=dict)
+    gap: float = float("nan")
 
     @property
     def diagnostics(self) -> dict:
@@ -163,7 +171,7 @@ def _progress_callback(progress, engine):
 
 
 def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
-        learn_inducing: bool = False, tol: float = 1e-6, max_iter: int = 500,
+        learn_inducing: bool = False, tol: float = 1e-6, tol_nats: float | None = None, max_iter: int = 500,
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
@@ -182,8 +190,12 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         Laplace approximate log marginal likelihood is maximised instead of the VLB (as in
         Sheth et al. 2015); it is in ``FitResult.extras["log_marginal"]``.
     learn_inducing : also learn the inducing inputs (sparse GP) when learning hyperparameters.
-    tol : stop when the VLB changes by at most ``tol · max(1, |VLB|)`` between iterations
-        (and, with hyperparameter learning, between rounds).
+    tol : relative tolerance.  Every engine stops, and reports ``converged=True``, only when
+        its estimate of the distance to the optimum, ``VLB* − VLB`` in nats (``FitResult.gap``),
+        is at most ``0.1 · tol · max(1, |VLB|)``, so that any two engines agree to ``tol``
+        relative; the hyperparameter L-BFGS-B stops when the bound changes by at most
+        ``tol · max(1, |VLB|)`` between rounds.
+    tol_nats : an absolute threshold (nats) for the engines' estimated gap instead.
     max_iter : iteration limit of each engine run.
     offset : (N,) values added to every latent (e.g. ``log`` exposure); ``exposure``:
         (N,) positive exposures for count models, turned into ``offset = log(exposure)``.
@@ -215,6 +227,9 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         raise ValueError("model has no likelihood")
     if not (tol > 0):
         raise ValueError(f"tol must be positive, got {tol}")
+    if tol_nats is not None and not (isinstance(tol_nats, (int, float, np.number)) and tol_nats >= 0
+                                     and np.isfinite(tol_nats)):
+        raise ValueError(f"tol_nats must be a non-negative number of nats or None, got {tol_nats!r}")
     if int(max_iter) < 1:
         raise ValueError(f"max_iter must be at least 1, got {max_iter}")
     if isinstance(max_rounds, (bool, np.bool_)) or not isinstance(max_rounds, (int, np.integer)) \
@@ -271,12 +286,20 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             if f is not None:
                 f(iteration, vlb, seconds + (t_offset[0] if shift else 0.0))
 
+    takes_gap = "tol_nats" in inspect.signature(run).parameters
+
     def infer(mdl, start, tol_, quiet=False, obj=None):
         if obj is None:
             obj = Objective(mdl, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
             obj.check_prior()
         t_offset[0] = time.perf_counter() - t0
-        res = run(obj, start, tol=tol_, max_iter=max_iter, callback=None if quiet else cb, **options)
+        if takes_gap:
+            # inner runs of the hyperparameter search use tol·1e-3, and so tol_nats·1e-3
+            gap_kw = {"tol_nats": None if tol_nats is None else tol_nats * tol_ / tol}
+        else:
+            gap_kw = {}
+        res = run(obj, start, tol=tol_, max_iter=max_iter, callback=None if quiet else cb, **gap_kw,
+                  **options)
         trace = res.trace.copy()
         trace[:, 0] += t_offset[0]
         return obj, res, trace
@@ -332,7 +355,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
                      prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
-                     subset=subset, extras=dict(res.extras))
+                     subset=subset, extras=dict(res.extras), gap=float(res.gap))
 
 
 def _check_engine_options(options, run):
@@ -340,15 +363,14 @@ def _check_engine_options(options, run):
         return {}
     if not isinstance(options, dict):
         raise ValueError(f"engine_options must be a dict of keyword arguments, got {type(options).__name__}")
-    import inspect
 
     params = inspect.signature(run).parameters
-    reserved = {"tol", "max_iter", "callback"}
+    reserved = {"tol", "tol_nats", "max_iter", "callback"}
     bad = [k for k in options if k in reserved or k not in params]
     if bad:
         allowed = sorted(k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in reserved)
         raise ValueError(f"engine_options {bad} not accepted by this engine; it takes {allowed} "
-                         "(tol and max_iter are fit() arguments)")
+                         "(tol, tol_nats and max_iter are fit() arguments)")
     return dict(options)
 
 

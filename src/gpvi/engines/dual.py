@@ -64,7 +64,7 @@ from ..likelihoods import Bernoulli, Gaussian, Poisson
 from ..objective import (Objective, State, _marginals_stacked, _stacked, assemble_gram, block_gram,
                          block_sum_squares, block_vecmat, chunk_projection, zero_gram)
 from ..quadrature import gauss_hermite
-from ._common import Clock, EngineResult, state_from_precision_chol
+from ._common import Clock, EngineResult, final_gap, gap_threshold, state_from_precision_chol
 
 __all__ = ["bernoulli_conjugate", "dual_objective", "initial_dual", "recover_primal", "run"]
 
@@ -500,16 +500,18 @@ def recover_primal(objective: Objective, x) -> State:
 # ---------------------------------------------------------------------------------------
 # The engine
 # ---------------------------------------------------------------------------------------
-def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int = 500,
-        history: int = 20, callback=None) -> EngineResult:
+def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
+        max_iter: int = 500, history: int = 20, callback=None) -> EngineResult:
     """Minimise the dual ``D`` with SciPy's L-BFGS-B, starting from the dual point of ``state``.
 
     Reports the primal VLB of the recovered ``(m, V)``; ``extras`` holds the final dual value
     (``"dual_objective"``) and the duality gap ``D − VLB`` (``"duality_gap"``, nats).  Stops when
-    the gap is at most ``tol·max(1, |VLB|)`` or when L-BFGS-B stops (relative change of ``D``
-    below ``tol`` for Bernoulli, whose gap need not close, ``tol·1e-3`` otherwise).
-    ``converged`` is False when L-BFGS-B fails or when the final gap exceeds
-    ``max(tol, 1e-6)·max(1, |VLB|)``; the message says which.  The first trace row is the
+    the gap is at most ``tol_nats`` (default ``0.1·tol·max(1, |VLB|)``, the threshold of every
+    engine's certified stopping rule) or when L-BFGS-B stops (relative change of ``D`` below
+    ``tol`` for Bernoulli, whose gap need not close, ``tol·1e-3`` otherwise).  ``converged`` is
+    True only when the duality gap, a bound on ``VLB* − VLB`` where strong duality holds, is
+    below that threshold; ``gap`` is the duality gap then, and otherwise the primal
+    :func:`~gpvi.engines._common.estimated_gap` at the final state.  The first trace row is the
     primal point of the starting dual point (the state's ``(ρ, −λ)``, or the simple start of
     the papers when that has the lower dual value), not ``state`` itself.  ``evaluations``
     counts dual evaluations (two passes over the data each) and primal VLB evaluations (one).
@@ -542,7 +544,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         return st, float(objective.vlb(st))
 
     def gap_ok(D, vlb):
-        return bool(np.isfinite(D) and np.isfinite(vlb) and D - vlb <= tol * max(1.0, abs(vlb)))
+        return bool(np.isfinite(D) and np.isfinite(vlb) and D - vlb <= gap_threshold(vlb, tol, tol_nats))
 
     # Start from the dual point of ``state`` (α = ρ, γ = −λ at its marginals), unless the simple
     # start of the papers has the lower dual value: at a poor state (e.g. the prior of a Poisson
@@ -598,33 +600,28 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
 
     final, vlb, D = cur["state"], cur["vlb"], cur["D"]
     gap = D - vlb
-    allowed = max(tol, 1e-6) * max(1.0, abs(vlb))
     extras = {"dual_objective": D, "duality_gap": gap}
     if stopped_on_gap:
-        converged, msg = True, f"duality gap {gap:.3g} nats ≤ tol·max(1, |VLB|)"
+        converged, msg = True, f"duality gap {gap:.3g} nats ≤ {gap_threshold(vlb, tol, tol_nats):.3g}"
+        certificate = gap
     else:
+        # Not certified by the dual: report the primal estimate of the distance to the optimum.
+        converged, certificate = False, final_gap(objective, final)
         failed = res is not None and not _ok(res)
-        hit_max = counter["it"] >= max_iter
-        big_gap = not gap <= allowed
-        converged = not (failed or big_gap)
         parts = []
         if failed:
             parts.append(f"L-BFGS-B failed on the dual ({res.message})")
-        if hit_max:
+        if counter["it"] >= max_iter:
             parts.append(f"reached max_iter={max_iter}")
-        if not big_gap:
-            parts.append(f"dual change below tol; duality gap {gap:.3g} nats")
-        elif kind == "bernoulli" and not (failed or hit_max):
-            parts.append(f"duality gap {gap:.3g} nats: strong duality does not hold for this "
+        if kind == "bernoulli":
+            parts.append(f"duality gap {gap:.3g} nats: strong duality need not hold for this "
                          "likelihood/model (Sheth et al. 2015 §5)")
-        elif kind == "bernoulli":
-            parts.append(f"duality gap {gap:.3g} nats (the dual may not be minimised; strong "
-                         "duality need not hold for this likelihood, Sheth et al. 2015 §5)")
         else:
             parts.append(f"duality gap {gap:.3g} nats: the dual is not solved to tolerance")
+        parts.append(f"estimated primal gap {certificate:.3g} nats")
         msg = "; ".join(parts)
     return EngineResult(final, vlb, counter["it"], converged, msg, clock.trace,
-                        evaluations=objective.num_evaluations, extras=extras)
+                        evaluations=objective.num_evaluations, extras=extras, gap=float(certificate))
 
 
 def _ok(res) -> bool:

@@ -9,13 +9,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..objective import Objective, State
-from ._common import Clock, EngineResult, SafeguardedAscent, converged_change
+from ._common import (Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap, gap_threshold,
+                      stalled_message)
 
 
-def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int = 500,
-        max_newton: int = 50, clip_gamma: str = "auto", callback=None) -> EngineResult:
+def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
+        max_iter: int = 500, max_newton: int = 50, clip_gamma: str = "auto", callback=None) -> EngineResult:
     """Run FPb from ``state``; one iteration = a Newton loop on m plus one FP step on V.
 
+    Stops when the estimated gap to the optimum (nats) is at most ``tol_nats``, by default
+    ``0.1·tol·max(1, |VLB|)``; the gap is computed by the first Newton step of each iteration
+    from the factorisation it needs anyway.  The Newton loop itself ends when the VLB changes
+    by at most ``tol·max(1, |VLB|)`` (it only has to make the next FP step worthwhile).
     ``clip_gamma`` as in :func:`gpvi.engines.fpi.run`.
     """
     clock = Clock(callback)
@@ -26,28 +31,36 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
                             clock.trace, evaluations=objective.num_evaluations)
     mean_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     cov_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
-    converged, message, it = False, f"reached max_iter={max_iter}", 0
+    converged, message, it, gap = False, f"reached max_iter={max_iter}", 0, float("inf")
     for it in range(1, max_iter + 1):
-        start = float(sums.vlb)
-        for _ in range(max_newton):
-            out = mean_guard.step(state, sums, update_cov=False)
+        thr = gap_threshold(sums.vlb, tol, tol_nats)
+        for k in range(max_newton):
+            out = mean_guard.step(state, sums, update_cov=False, stop_below=thr if k == 0 else None)
+            if k == 0:
+                gap = mean_guard.gap
+                if mean_guard.certified:
+                    converged, message = True, f"estimated gap {gap:.3g} nats ≤ {thr:.3g}"
+                    break
             if out is None:
                 break
             prev = float(sums.vlb)
             state, sums, alpha = out
             if converged_change(float(sums.vlb), prev, tol) and alpha >= 0.25:
                 break
+        if converged:
+            it -= 1
+            break
         out = cov_guard.step(state, sums, update_mean=False)
         if out is None:
-            message = "no step size increases the VLB (stopped at the best state found)"
+            gap = float(estimated_gap(state, sums.grad, sums.S)[0])
+            message = stalled_message(gap, sums.vlb)
             clock.tick(sums.vlb, it)
             break
         state, sums, alpha = out
         clock.tick(sums.vlb, it)
-        if converged_change(float(sums.vlb), start, tol) and alpha >= 0.25:
-            converged, message = True, f"VLB change below tol={tol:g}"
-            break
+    else:
+        gap = float(estimated_gap(state, sums.grad, sums.S)[0])
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,
                         mean_guard.backtracks + cov_guard.backtracks,
                         mean_guard.cycles + cov_guard.cycles, objective.num_evaluations,
-                        mean_guard.clipped + cov_guard.clipped)
+                        mean_guard.clipped + cov_guard.clipped, gap=gap)
