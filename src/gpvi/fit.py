@@ -14,12 +14,14 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+import threading
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
+import threadpoolctl
 from threadpoolctl import threadpool_limits
 
 from ._module import flatten_params, unflatten_params
@@ -170,6 +172,70 @@ def _progress_callback(progress, engine):
     return cb
 
 
+class _SharedBlasLimit:
+    """One BLAS thread while any :func:`fit` runs, shared by all threads of the process.
+
+    BLAS thread limits are process-wide (``openblas_set_num_threads``), and a per-call
+    ``threadpool_limits`` made concurrent fits 5-30x slower than the same fits in a row
+    (OpenBLAS's spinning threads then fight XLA for the cores), for two reasons:
+
+    - each call saved and restored the process's limit, so the first fit to finish put
+      OpenBLAS back on every core while the other was still running (and a fit that started
+      inside another one saved the other's 1 as "the original");
+    - threadpoolctl >= 3.8 lets only one thread at a time change the limits of a pthreads
+      OpenBLAS (the first that calls it, for as long as it lives unless it lets go) and silently
+      ignores the others; a bare ``threadpool_limits`` call never lets go, so after one fit in
+      the main thread no fit in any other thread was limited at all.
+
+    Here the first active fit sets the limit and the last one to finish restores the limits
+    the first one found; a lock makes the count and the set/restore one step, and each
+    set/restore lets go of threadpoolctl's control at once, so the next one can come from any
+    thread.  (If another thread holds that control, e.g. inside the user's own
+    ``with threadpool_limits(...)``, the limits are that thread's to decide and are left alone.)
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._active = 0
+        self._limiter = None
+
+    @staticmethod
+    def _let_go():
+        cls = getattr(threadpoolctl, "OpenBLASController", None)
+        clear = getattr(cls, "clear_controlling_thread", None)  # threadpoolctl >= 3.8
+        if clear is not None:
+            clear()  # only if this thread holds the control
+
+    def acquire(self):
+        """Hold the limit; returns a zero-argument function that releases it (once)."""
+        with self._lock:
+            if self._active == 0:
+                try:
+                    self._limiter = threadpool_limits(limits=1, user_api="blas")
+                finally:
+                    self._let_go()
+            self._active += 1
+        released = []
+
+        def release():
+            with self._lock:
+                if released:
+                    return
+                released.append(True)
+                self._active -= 1
+                if self._active == 0:
+                    limiter, self._limiter = self._limiter, None
+                    try:
+                        limiter.restore_original_limits()
+                    finally:
+                        self._let_go()
+
+        return release
+
+
+_BLAS_LIMIT = _SharedBlasLimit()
+
+
 def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         learn_inducing: bool = False, tol: float = 1e-6, tol_nats: float | None = None, max_iter: int = 500,
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
@@ -312,13 +378,14 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     # On the CPU, jaxlib's Cholesky and triangular solves call SciPy's OpenBLAS, whose idle
     # threads keep spinning after each small M×M step and steal the cores XLA needs for the
     # next O(N·M²) data pass (measured: an fpi iteration 76 → 40 ms at N = 20 000, M = 200).
-    limiter = threadpool_limits(limits=1, user_api="blas")
+    # One limit for the whole process while any fit runs (see _SharedBlasLimit).
+    release_blas = _BLAS_LIMIT.acquire()
     obj = None  # the Laplace start's Objective is reused by the first engine run
     if init == "laplace":
         try:
             obj, init = _laplace_init(model, X, y, offset, chunk_size, cache_bytes)
         except BaseException:
-            limiter.restore_original_limits()
+            release_blas()
             raise
     state = prior_state(d) if init in (None, "prior") else init
     try:
@@ -343,7 +410,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             counts[2] += res.evaluations
             counts[3] += res.clipped
     finally:
-        limiter.restore_original_limits()
+        release_blas()
         if prog is not None:
             prog.close()
     backtracks, cycles, evals, clipped = counts
