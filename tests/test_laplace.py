@@ -386,3 +386,55 @@ def test_learning_hyperparameters_raises_the_laplace_log_marginal(rng):
     ref = scipy.optimize.minimize(lambda t: -float(value(t)), np.array([0.0, np.log(2.0)]),
                                   method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-8})
     np.testing.assert_allclose(learned.extras["log_marginal"], -ref.fun, atol=1e-4)
+
+
+# ---- hyperparameters learned on separable data (issue 14 §4) ---------------------------------
+def test_log_marginal_minus_vlb_is_the_taylor_error_under_the_laplace_posterior(rng):
+    # The identity behind check_learned_hyperparameters: Ψ(ŵ) − ½log|H| − VLB(N(ŵ, H⁻¹)) equals
+    # Σ_i E_q[T_i(f_i) − log p(y_i|f_i)], T_i the second-order Taylor expansion of log p at the
+    # mode, here in NumPy by 200-point Gauss–Hermite quadrature of the latent marginals (gpvi's
+    # VLB with 100 points, so that neither quadrature error shows).
+    N = 80
+    X = np.column_stack([np.ones(N), rng.uniform(-3, 3, N)])
+    y = (rng.uniform(size=N) < expit(3.0 * X[:, 1])).astype(int)
+    z, w = np.polynomial.hermite_e.hermegauss(200)
+    for prior_variance in (1.0, 30.0):
+        model = gpvi.GLM(likelihood=L.Bernoulli(quadrature_points=100), prior_variance=prior_variance)
+        lap = gpvi.fit(model, X, y, engine="laplace", tol=1e-12)
+        m, v = lap.predict_f(X)
+        p = expit(m)
+        f = m[:, None] + np.sqrt(v)[:, None] * z
+        logp = np.where(y[:, None] == 1, -np.logaddexp(0, -f), -np.logaddexp(0, f))
+        expected_logp = logp @ w / np.sqrt(2 * np.pi)
+        logp_mode = np.where(y == 1, -np.logaddexp(0, -m), -np.logaddexp(0, m))
+        expected_taylor = logp_mode - 0.5 * p * (1 - p) * v  # h = −p(1−p); the linear term has mean 0
+        np.testing.assert_allclose(lap.extras["log_marginal"] - lap.vlb,
+                                   np.sum(expected_taylor - expected_logp), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["GP", "GLM"])
+def test_learning_on_separable_data_is_refused_not_reported_converged(rng, kind):
+    # 200 separable points, y = 1 exactly where x > 0.  The Laplace log marginal is largest at a
+    # huge latent scale (GP: kernel variance ≈ 5e4), where the Laplace Gaussian keeps nearly the
+    # prior variance: before the check, a converged fit predicted P(y=1 | x=2) ≈ 0.5.
+    N = 200
+    x = rng.uniform(-3, 3, N)
+    y = (x > 0).astype(int)
+    if kind == "GP":
+        model = gpvi.GP(kernel=gpvi.kernels.RBF(), likelihood=L.Bernoulli())
+        X, at = x[:, None], np.array([[2.0], [-2.0]])
+    else:
+        model = gpvi.GLM(likelihood=L.Bernoulli())
+        X, at = np.column_stack([np.ones(N), x]), np.array([[1.0, 2.0], [1.0, -2.0]])
+    with pytest.raises(ValueError, match=r"(?s)engine='laplace' cannot learn.*contradicts itself"
+                                         r".*separable.*engine='fpi'"):
+        gpvi.fit(model, X, y, engine="laplace", learn_hyperparameters=True)
+    # At fixed, moderate hyperparameters the Laplace fit of the same data is sound ...
+    fixed = gpvi.fit(model, X, y, engine="laplace")
+    assert fixed.converged and abs(fixed.extras["log_marginal"] - fixed.vlb) < 1.0
+    p = fixed.predict_proba(at)[:, 1]
+    assert p[0] > 0.9 and p[1] < 0.1
+    # ... and the way out the message names learns sensible probabilities.
+    fpi = gpvi.fit(model, X, y, engine="fpi", learn_hyperparameters=True)
+    p = fpi.predict_proba(at)[:, 1]
+    assert p[0] > 0.99 and p[1] < 0.01

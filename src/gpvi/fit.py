@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from ._module import flatten_params, unflatten_params
 from .engines import ENGINES
-from .engines.laplace import laplace_log_marginal_at
+from .engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
 from .likelihoods import Bernoulli, Ordinal, _as_array, _is_real_dtype
 from .models import Model, _check_X
 from .objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Objective, State, make_chunks, prior_state, \
@@ -556,8 +556,12 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
     best_vlb, best_x, best_state = memo["best"]
     if best_x is None:
         return model, int(out.nit), {"rows": rows, "state": state}
-    return (unflatten_params(model, unravel(jnp.asarray(best_x))), int(out.nit),
-            {"rows": rows, "state": best_state})
+    learned = unflatten_params(model, unravel(jnp.asarray(best_x)))
+    if laplace:
+        # On (nearly) separable data the Laplace evidence is largest where the approximation is
+        # useless (a huge latent scale, probabilities near 0.5): refuse such a maximum.
+        check_learned_hyperparameters(learned, names, best_vlb, vlbs[best_x.tobytes()], X.shape[0])
+    return learned, int(out.nit), {"rows": rows, "state": best_state}
 
 
 import jax.flatten_util  # noqa: E402  (registers jax.flatten_util)
