@@ -251,10 +251,13 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     engine : ``"fpi"`` (default), ``"fpb"``, ``"gradient"``, ``"dual"`` (Gaussian, Poisson and
         Bernoulli likelihoods) or ``"laplace"`` (see :mod:`gpvi.engines`).
     learn_hyperparameters : False, True (all learnable parameters, see
-        :func:`learnable_parameters`) or a list of dotted names such as
-        ``["kernel.lengthscale", "likelihood.variance"]``.  With ``engine="laplace"`` the
-        Laplace approximate log marginal likelihood is maximised instead of the VLB (as in
-        Sheth et al. 2015); it is in ``FitResult.extras["log_marginal"]``.
+        :func:`learnable_parameters`), one dotted name such as ``"kernel.variance"`` or a list
+        of them such as ``["kernel.lengthscale", "likelihood.variance"]``.  With
+        ``engine="laplace"`` the Laplace approximate log marginal likelihood is maximised
+        instead of the VLB (as in Sheth et al. 2015); it is in
+        ``FitResult.extras["log_marginal"]``, and a maximum where the Laplace evidence exceeds
+        the VLB of its own Gaussian by more than 0.1 nats per observation (separable data: the
+        latent scale runs off and the probabilities go to 0.5) raises a ``ValueError``.
     learn_inducing : also learn the inducing inputs (sparse GP) when learning hyperparameters.
     tol : relative tolerance.  Every engine stops, and reports ``converged=True``, only when
         its estimate of the distance to the optimum, ``VLB* − VLB`` in nats (``FitResult.gap``),
@@ -418,7 +421,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     if learn_hyperparameters:
         message = f"{message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return FitResult(model=model, state=res.state, vlb=res.vlb, iterations=res.iterations,
-                     converged=res.converged, message=message, trace=np.concatenate(traces),
+                     converged=bool(res.converged and np.isfinite(res.vlb)), message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
                      prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
@@ -550,6 +553,10 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
 
     x0 = np.asarray(flat0)
     f0, _ = fun(x0)
+    if not np.isfinite(f0):
+        # Nothing to start the search from; returning the start with "converged" would hide it.
+        raise ValueError("the bound or its gradient in the hyperparameters is not finite at the starting "
+                         f"hyperparameters {names}; check their values (or fit without learning them)")
     rows.append((time.perf_counter() - t0, traced(x0, f0)))
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))

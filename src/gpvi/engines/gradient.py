@@ -98,7 +98,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     # set far below the certified rule; from a very poor start one huge first step can make the
     # next relative change look tiny, so restart with fresh curvature pairs while a run still
     # makes progress.
-    x, f_start, ftol, res = x0, f0, 1e-3 * tol, None
+    x, f_start, res = x0, f0, None
+    ftol = 1e-2 * gap_threshold(-f0, tol, tol_nats) / max(1.0, abs(f0))  # 1e-3·tol by default
     if certified(x0, f0):
         msg = f"estimated gap {cur['gap']:.3g} nats ≤ {cur['thr']:.3g}"
     else:
