@@ -577,7 +577,10 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     # Where strong duality holds the gap is the stopping rule and L-BFGS-B's own test is only a
     # backstop; for Bernoulli the gap need not close, so stop on the relative change of D as
     # the other engines do on the VLB.
-    ftol = tol if kind == "bernoulli" else 1e-3 * tol
+    # The backstop sits well below the gap threshold: L-BFGS-B crawls on these duals, and at
+    # ftol = 1e-3·tol it stopped with a duality gap of 5.6e-4 nats on a sparse Gaussian GP whose
+    # threshold is 1.1e-4 (at 1e-4·tol every agreement problem certifies).
+    ftol = tol if kind == "bernoulli" else 1e-4 * tol
     stopped_on_gap = False
     res = None
     x = x0
