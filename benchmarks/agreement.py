@@ -4,7 +4,12 @@ Prints, for every problem, the VLB each engine reaches, the largest relative gap
 engine, iterations and seconds, and for Gaussian likelihoods the closed-form reference
 (Titsias' collapsed bound for the sparse GP, the exact log marginal likelihood for the full
 GP).  Problems: sparse GP (N = 2000, M = 50, k-means) with logistic, probit, Poisson, ordinal,
-Laplace and Student-t likelihoods; full GP (N = 500) and GLM with logistic and Poisson.
+Laplace and Student-t likelihoods; full GP (N = 500) and GLM with logistic and Poisson.  Every
+problem runs twice: at tight tolerances, and at ``fit``'s default settings, where each engine
+stops on its certified rule (issue 14 §1) — the default-settings table adds a sparse Poisson GP
+(N = 3000, M = 60) and a Student-t GP with outliers, and the run checks that no engine reports
+``converged=True`` with an estimated gap above its threshold (the Laplace engine, which does not
+maximise the VLB, reports no gap).
 
 Engines: fpi, fpb and gradient everywhere; ``dual`` where the likelihood has a Fenchel
 conjugate (Gaussian, Poisson, Bernoulli) — elsewhere it refuses with a ValueError, shown as
@@ -33,7 +38,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINES = ("fpi", "fpb", "gradient", "dual", "laplace")
 
 
-def run(model, X, y):
+def run(model, X, y, default=False):
+    """Every engine on one problem: tight tolerances, or (``default``) fit's default settings,
+    where each engine stops on its certified rule (estimated gap ≤ 0.1·tol·max(1, |VLB|))."""
     model = model.initialise(X)
     gaussian = isinstance(model.likelihood, L.Gaussian)
     out = {}
@@ -50,15 +57,63 @@ def run(model, X, y):
         # The dual's logistic/probit conjugate is numerical (≈ 0.1–0.3 s per evaluation here) and
         # its duality gap never closes there, so it gets fewer iterations than the others.
         slow_dual = e == "dual" and isinstance(model.likelihood, L.Bernoulli)
-        r = gpvi.fit(model, X, y, engine=e, tol=1e-10 if e == "dual" else 1e-11,
-                     max_iter=300 if slow_dual else 5000)
+        kw = {} if default else dict(tol=1e-10 if e == "dual" else 1e-11)
+        r = gpvi.fit(model, X, y, engine=e, max_iter=300 if slow_dual else 500 if default else 5000, **kw)
         out[e] = dict(vlb=r.vlb, iterations=r.iterations, seconds=time.perf_counter() - t,
-                      converged=r.converged, backtracks=r.backtracks, message=r.message,
+                      converged=r.converged, backtracks=r.backtracks, message=r.message, gap_estimate=r.gap,
+                      threshold=0.1 * (1e-6 if default else kw["tol"]) * max(1.0, abs(r.vlb)),
                       status="ok" if r.converged else "failed", extras=r.extras)
     ok = [v for v in out.values() if v["status"] == "ok"]
     best = max(v["vlb"] for v in ok)
     gap = max(abs(v["vlb"] - best) / abs(best) for v in ok)
     return out, gap
+
+
+def problems(rng):
+    """``(name, likelihood, model, X, y, closed form or None)`` of every agreement problem."""
+    rows = []
+    # 1. closed forms
+    X, f = _regression_data(rng, 2000)
+    y = f + 0.3 * rng.standard_normal(2000)
+    Z = X[rng.choice(2000, 50, replace=False)]
+    k = gpvi.kernels.RBF(variance=1.3, lengthscale=0.9)
+    ref = _titsias_bound(k, X, y, Z, 0.09, 0.2)
+    rows.append(("sparse N=2000 M=50", "gaussian",
+                 gpvi.SparseGP(kernel=k, likelihood=L.Gaussian(variance=0.09), inducing=Z, mean=0.2), X, y, ref))
+    X5, f5 = _regression_data(rng, 500)
+    y5 = f5 + 0.2 * rng.standard_normal(500)
+    Kj = _jittered(np.asarray(k(X5, X5))) + 0.04 * np.eye(500)
+    _, logdet = np.linalg.slogdet(Kj)
+    ref = -0.5 * (500 * np.log(2 * np.pi) + logdet + y5 @ np.linalg.solve(Kj, y5))
+    rows.append(("full GP N=500", "gaussian", gpvi.GP(kernel=k, likelihood=L.Gaussian(variance=0.04)), X5, y5, ref))
+    # 2. cross-engine
+    for kind in ["logit", "probit", "poisson", "ordinal", "laplace", "studentt"]:
+        lik, X, y = _problem(kind, rng, 2000)
+        rows.append(("sparse N=2000 M=50", kind,
+                     gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik, inducing=50), X, y, None))
+    for kind in ["logit", "poisson"]:
+        lik, X, y = _problem(kind, rng, 500)
+        rows.append(("full GP N=500", kind, gpvi.GP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik), X, y,
+                     None))
+        H = np.column_stack([np.ones(500), X, X**2])
+        rows.append(("GLM N=500 d=5", kind, gpvi.GLM(likelihood=lik, prior_variance=1.0), H, y, None))
+    return rows
+
+
+def extra_problems(rng):
+    """The two cases where engines stopped apart at default settings before the certified rule
+    (issue 14 §1): the gradient engine 0.036 nats short on sparse Poisson, 0.005 on Student-t."""
+    X = rng.uniform(-3, 3, (3000, 2))
+    y = rng.poisson(np.exp(np.sin(X[:, 0]) + 0.5 * X[:, 1]))
+    rows = [("sparse N=3000 M=60", "poisson",
+             gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=1.0), L.Poisson(), inducing=60), X, y, None)]
+    X = rng.uniform(-3, 3, (500, 1))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(500)
+    y[::25] += 8 * rng.standard_normal(20)  # outliers
+    rows.append(("sparse N=500 M=30", "studentt+out",
+                 gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=1.0), L.StudentT(df=3.0, scale=0.1), inducing=30), X, y,
+                 None))
+    return rows
 
 
 def _cell(v):
@@ -71,39 +126,45 @@ def _cell(v):
 
 def main():
     rng = np.random.default_rng(2)
-    rows = []
-    # 1. closed forms
-    X, f = _regression_data(rng, 2000)
-    y = f + 0.3 * rng.standard_normal(2000)
-    Z = X[rng.choice(2000, 50, replace=False)]
-    k = gpvi.kernels.RBF(variance=1.3, lengthscale=0.9)
-    ref = _titsias_bound(k, X, y, Z, 0.09, 0.2)
-    res, gap = run(gpvi.SparseGP(kernel=k, likelihood=L.Gaussian(variance=0.09), inducing=Z, mean=0.2), X, y)
-    rows.append(("sparse N=2000 M=50", "gaussian", res, gap, ref))
-    X5, f5 = _regression_data(rng, 500)
-    y5 = f5 + 0.2 * rng.standard_normal(500)
-    Kj = _jittered(np.asarray(k(X5, X5))) + 0.04 * np.eye(500)
-    _, logdet = np.linalg.slogdet(Kj)
-    ref = -0.5 * (500 * np.log(2 * np.pi) + logdet + y5 @ np.linalg.solve(Kj, y5))
-    res, gap = run(gpvi.GP(kernel=k, likelihood=L.Gaussian(variance=0.04)), X5, y5)
-    rows.append(("full GP N=500", "gaussian", res, gap, ref))
-    # 2. cross-engine
-    for kind in ["logit", "probit", "poisson", "ordinal", "laplace", "studentt"]:
-        lik, X, y = _problem(kind, rng, 2000)
-        res, gap = run(gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik, inducing=50), X, y)
-        rows.append(("sparse N=2000 M=50", kind, res, gap, None))
-    for kind in ["logit", "poisson"]:
-        lik, X, y = _problem(kind, rng, 500)
-        res, gap = run(gpvi.GP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik), X, y)
-        rows.append(("full GP N=500", kind, res, gap, None))
-        H = np.column_stack([np.ones(500), X, X**2])
-        res, gap = run(gpvi.GLM(likelihood=lik, prior_variance=1.0), H, y)
-        rows.append(("GLM N=500 d=5", kind, res, gap, None))
+    probs = problems(rng) + extra_problems(np.random.default_rng(0))
+    rows, rows_default = [], []
+    for name, kind, model, X, y, ref in probs:
+        if kind not in ("poisson", "studentt+out") or "3000" not in name and "M=30" not in name:
+            res, gap = run(model, X, y)
+            rows.append((name, kind, res, gap, ref))
+        res, gap = run(model, X, y, default=True)
+        rows_default.append((name, kind, res, gap, ref))
+    table(rows, "tight tolerances (tol = 1e-11, dual 1e-10)")
+    table(rows_default, "default settings (tol = 1e-6: each engine stops at estimated gap ≤ 1e-7·|VLB|)")
+    worst = max(r[3] for r in rows)
+    worst_default = max(r[3] for r in rows_default)
+    uncertified = [(r[0], r[1], e) for r in rows + rows_default for e, v in r[2].items()
+                   if v.get("converged") and not np.isnan(v["gap_estimate"]) and not v["gap_estimate"] <= v["threshold"]]
+    print(f"\nworst cross-engine relative gap, tight: {worst:.1e} (target 1e-6): {'PASS' if worst <= 1e-6 else 'FAIL'}")
+    print(f"worst cross-engine relative gap, default settings: {worst_default:.1e} (target 1e-6): "
+          f"{'PASS' if worst_default <= 1e-6 else 'FAIL'}")
+    print(f"converged=True with an estimated gap above the threshold: {len(uncertified)} "
+          f"{uncertified if uncertified else ''}: {'PASS' if not uncertified else 'FAIL'}")
+    for name, kind, res, _, _ in rows + rows_default:
+        for e in ENGINES:
+            if res[e]["status"] == "failed":
+                gap_nats = res[e]["extras"].get("duality_gap")
+                print(f"reported failure: {e} on {name} {kind}: {res[e]['message']}"
+                      + (f" (duality gap {gap_nats:.3g} nats)" if gap_nats is not None else ""))
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    js = [dict(model=n, likelihood=k, engines=r, max_relative_gap=g, closed_form=ref) for n, k, r, g, ref in rows]
+    js_default = [dict(model=n, likelihood=k, engines=r, max_relative_gap=g) for n, k, r, g, _ in rows_default]
+    with open(os.path.join(HERE, "results", "agreement.json"), "w") as fh:
+        json.dump(dict(rows=js, worst_gap=worst, default_rows=js_default, worst_gap_default=worst_default,
+                       uncertified_converged=uncertified), fh, indent=1, default=float)
+    plot(rows)
 
+
+def table(rows, title):
+    print(f"\n== {title}")
     head = (f"{'model':<20}{'likelihood':<11}" + "".join(f"{e + ' VLB':>17}" for e in ENGINES)
             + f"{'max rel gap':>13}{'closed form':>17}{'rel err':>10}  iterations (fpi/fpb/grad/dual/lap)  seconds")
     print(head)
-    js = []
     for name, kind, res, gap, ref in rows:
         ok = [e for e in ENGINES if res[e]["status"] == "ok"]
         rel = "" if ref is None else f"{max(abs(res[e]['vlb'] - ref) / abs(ref) for e in ok):10.1e}"
@@ -111,18 +172,9 @@ def main():
               + f"{gap:13.1e}" + (f"{ref:17.6f}" if ref is not None else " " * 17) + rel
               + "  " + "/".join(str(res[e].get("iterations", "-")) for e in ENGINES).ljust(26)
               + "/".join(f"{res[e]['seconds']:.2f}" if "seconds" in res[e] else "-" for e in ENGINES))
-        js.append(dict(model=name, likelihood=kind, engines=res, max_relative_gap=gap, closed_form=ref))
-    worst = max(r[3] for r in rows)
-    print(f"\nworst cross-engine relative gap: {worst:.1e} (target 1e-6): {'PASS' if worst <= 1e-6 else 'FAIL'}")
-    for name, kind, res, _, _ in rows:
-        for e in ENGINES:
-            if res[e]["status"] == "failed":
-                gap_nats = res[e]["extras"].get("duality_gap")
-                print(f"reported failure: {e} on {name} {kind}: {res[e]['message']}"
-                      + (f" (duality gap {gap_nats:.3g} nats)" if gap_nats is not None else ""))
-    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    with open(os.path.join(HERE, "results", "agreement.json"), "w") as fh:
-        json.dump(dict(rows=js, worst_gap=worst), fh, indent=1)
+
+
+def plot(rows):
     import matplotlib
 
     matplotlib.use("Agg")
