@@ -164,3 +164,21 @@ def test_fpi_certifies_a_flat_bound_with_huge_counts():
     grad = gpvi.fit(res.model, X, y, engine="gradient", init=res.state)
     assert _certified(grad), grad.message
     assert abs(grad.vlb - res.vlb) <= 1e-6 * abs(res.vlb)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fpi_on_separable_glm_converges_or_says_why(seed):
+    # Issue 14 §1: a separable logistic GLM with prior variance 1e6 ran 500 damped iterations
+    # (~1000 backtracks) without converging or saying why.  Now every such fit either
+    # certifies its state or stops early as "stalled", long before max_iter.
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((200, 2))
+    H = np.column_stack([np.ones(200), X])
+    y = (X[:, 0] > 0).astype(float)
+    for cols in (2, 3):
+        res = gpvi.fit(gpvi.GLM(L.Bernoulli(), prior_variance=1e6), H[:, :cols], y)
+        assert res.iterations < 200
+        if res.converged:
+            assert _certified(res)
+        else:
+            assert "stalled" in res.message and res.extras["stalled"]
