@@ -2,6 +2,7 @@
 (exit code 2, one line on stderr naming the problem, no traceback)."""
 import csv
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -284,9 +285,9 @@ def test_bad_input_fit(breast_csv, poisson_csv, tmp_path, capsys):
     bad = write_csv(tmp_path / "nonnum.csv", ["a", "b", "y"], [["1", "2", "0"], ["3", "abc", "1"], ["2", "1", "1"]])
     cases.append(([*fit, bad, "-t", "y", "-l", "bernoulli"], ["column 'b'", "non-numeric value 'abc'", "line 3"]))
     empty = write_csv(tmp_path / "empty_cell.csv", ["a", "y"], [["1", "0"], ["", "1"], ["2", "1"]])
-    cases.append(([*fit, empty, "-t", "y", "-l", "bernoulli"], ["column 'a'", "empty value", "line 3"]))
+    cases.append(([*fit, empty, "-t", "y", "-l", "bernoulli"], ["missing value in feature column 'a' on line 3"]))
     nan = write_csv(tmp_path / "nan.csv", ["a", "y"], [["1", "0"], ["nan", "1"], ["2", "1"]])
-    cases.append(([*fit, nan, "-t", "y", "-l", "bernoulli"], ["column 'a'", "non-finite value 'nan'"]))
+    cases.append(([*fit, nan, "-t", "y", "-l", "bernoulli"], ["missing value 'nan' in feature column 'a' on line 3"]))
     # labels outside the support
     three = write_csv(tmp_path / "three.csv", ["a", "y"], [["1", "x"], ["2", "y"], ["3", "z"], ["4", "x"]])
     cases.append(([*fit, three, "-t", "y", "-l", "bernoulli"], ["target column 'y'", "3 distinct labels", "exactly 2"]))
@@ -364,11 +365,11 @@ def test_bad_input_predict(breast_csv, breast_model, tmp_path, capsys):
 
 def test_usage_errors_exit_2(capsys):
     rc, out, err = run(capsys, "fit", "x.csv", "-t", "y", "-l", "poissson")
-    assert rc == 2 and "invalid choice: 'poissson'" in err and "Traceback" not in err
+    assert_bad_input(rc, err, "unknown likelihood 'poissson'", "did you mean 'poisson'")
     rc, out, err = run(capsys, "fit", "x.csv", "-l", "poisson")
-    assert rc == 2 and "--target" in err
+    assert_bad_input(rc, err, "--target")
     rc, out, err = run(capsys)
-    assert rc == 2
+    assert_bad_input(rc, err, "COMMAND")
     rc, out, err = run(capsys, "--help")
     assert rc == 0 and "fit" in out and "predict" in out and "demo" in out
 
@@ -398,3 +399,320 @@ def test_io_extra_metadata_round_trip(tmp_path):
         gpvi.io.save(fit, tmp_path / "o.gpvi", extra={"bad": object()})
     with pytest.raises(ValueError, match="JSON"):
         gpvi.io.save(fit, tmp_path / "o.gpvi", extra={"nan": float("nan")})
+
+
+# ------------------------------------------------------- issue 14: outputs, missing values, choices
+@pytest.fixture(scope="module")
+def glm_model(poisson_csv):
+    """A quick model file written by `gpvi fit` (Poisson GLM, no hyperparameters learned)."""
+    out = poisson_csv.parent / "glm.gpvi"
+    assert main(["fit", str(poisson_csv), "-t", "count", "-l", "poisson", "-m", "glm", "--drop", "truth",
+                 "--no-learn", "-q", "-o", str(out)]) == 0
+    return out
+
+
+def _no_fit(monkeypatch):
+    """Make gpvi.fit fail loudly: the checks under test must come before any fitting."""
+    def boom(*args, **kwargs):
+        raise AssertionError("gpvi.fit was called: the output path was not checked before fitting")
+    monkeypatch.setattr(gpvi, "fit", boom)
+
+
+def test_output_that_is_an_input_is_refused(poisson_csv, glm_model, tmp_path, capsys, monkeypatch):
+    """Issue 14 B5: `fit d.csv -o d.csv` and `predict m.gpvi d.csv -o m.gpvi` destroyed their input."""
+    _no_fit(monkeypatch)
+    data = tmp_path / "d.csv"
+    data.write_bytes(poisson_csv.read_bytes())
+    model = tmp_path / "m.gpvi"
+    model.write_bytes(glm_model.read_bytes())
+    (tmp_path / "link.csv").symlink_to(data)
+    (tmp_path / "link.gpvi").symlink_to(model)
+    monkeypatch.chdir(tmp_path)
+    before = {p: p.read_bytes() for p in (data, model)}
+    fit = ["fit", "-t", "count", "-l", "poisson", "--drop", "truth"]
+    for src, out in [(data, data), ("d.csv", "./d.csv"), (data, tmp_path / "link.csv"), ("link.csv", "d.csv")]:
+        rc, _, err = run(capsys, *fit[:1], src, *fit[1:], "-o", out)
+        assert_bad_input(rc, err, "the model file", "is the data file", "choose another --out")
+    # the default output (DATA with suffix .gpvi) of a data file named *.gpvi is the data itself
+    rc, _, err = run(capsys, "fit", model, "-t", "count", "-l", "poisson")
+    assert_bad_input(rc, err, "is the data file")
+    for out, what in [(model, "is the model file"), ("./m.gpvi", "is the model file"),
+                      ("link.gpvi", "is the model file"), (data, "is the data file"), ("link.csv", "is the data file")]:
+        rc, _, err = run(capsys, "predict", "m.gpvi", "d.csv", "-o", out)
+        assert_bad_input(rc, err, "the output file", what)
+    for p, content in before.items():
+        assert p.read_bytes() == content
+    assert (tmp_path / "link.csv").is_symlink() and (tmp_path / "link.gpvi").is_symlink()
+
+
+def test_predict_out_is_written_atomically(poisson_csv, glm_model, tmp_path, capsys, monkeypatch):
+    """Issue 14 B4: `gpvi predict --out` truncated the previous file before writing; a failed write
+    (here a full disk after 100 cells) destroyed it."""
+    import gpvi.cli as cli
+
+    out = tmp_path / "pred.csv"
+    out.write_text("previous predictions\n")
+    real = cli._format_cell
+    calls = []
+
+    def failing(v):
+        calls.append(1)
+        if len(calls) > 100:
+            raise OSError(28, "No space left on device")
+        return real(v)
+
+    monkeypatch.setattr(cli, "_format_cell", failing)
+    rc, _, err = run(capsys, "predict", glm_model, poisson_csv, "-o", out)
+    assert_bad_input(rc, err, "No space left on device")
+    assert out.read_text() == "previous predictions\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pred.csv"]  # no temporary file left
+    monkeypatch.setattr(cli, "_format_cell", real)
+    # success: the file is replaced whole; through a symlink the target is written, the link kept
+    (tmp_path / "link.csv").symlink_to(out)
+    rc, _, err = run(capsys, "predict", glm_model, poisson_csv, "-o", tmp_path / "link.csv", "-q")
+    assert rc == 0, err
+    header, rows = read_csv(out)
+    assert header == ["mean", "variance", "latent_mean", "latent_variance"] and len(rows) == 250
+    assert (tmp_path / "link.csv").is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.csv", "pred.csv"]
+
+
+def test_predict_out_to_a_pipe_is_written_in_place(poisson_csv, glm_model, tmp_path, capsys):
+    """A named pipe (like /dev/stdout) is written to, not replaced by a regular file."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    rc, _, err = run(capsys, "predict", glm_model, poisson_csv, "-o", fifo, "-q")
+    reader.join(30)
+    assert rc == 0, err
+    assert got and got[0].startswith("mean,variance,") and got[0].count("\n") == 251
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def _labels_csv(path, labels, bad_line=11, bad="", multiline=False):
+    """A CSV whose target on line ``bad_line`` (header = line 1) is ``bad``; with ``multiline`` the
+    bad row's text column spans two lines (the row still starts on ``bad_line``)."""
+    rows = []
+    for i in range(14):
+        line = i + 2
+        note = "first\nsecond" if (multiline and line == bad_line) else f"n{i}"
+        rows.append([f"{0.3 * i:.2f}", note, bad if line == bad_line else labels[i % len(labels)]])
+    return write_csv(path, ["x", "note", "y"], rows)
+
+
+@pytest.mark.parametrize("lik, labels, bad", [
+    ("bernoulli", ["yes", "no"], ""),
+    ("bernoulli", ["yes", "no"], "NA"),
+    ("probit", ["0", "1"], "nan"),
+    ("ordinal", ["1", "2", "3"], "?"),
+    ("poisson", ["0", "3", "1"], "NA"),
+    ("poisson", ["0", "3", "1"], ""),
+    ("gaussian", ["0.5", "1.5"], "NaN"),
+])
+def test_missing_target_value_is_reported_with_its_line(lik, labels, bad, tmp_path, capsys, monkeypatch):
+    """Issue 14 §3: a missing target value is 'missing value in target column 'y' on line 11', not a
+    third label (bernoulli said '3 distinct labels') nor a non-numeric value."""
+    _no_fit(monkeypatch)
+    path = _labels_csv(tmp_path / "d.csv", labels, bad=bad)
+    rc, _, err = run(capsys, "fit", path, "-t", "y", "-l", lik, "--drop", "note")
+    shown = f" {bad!r}" if bad else ""
+    assert_bad_input(rc, err, f"missing value{shown} in target column 'y' on line 11 of {path}")
+
+
+def test_missing_value_line_counts_lines_as_a_user_does(tmp_path, capsys, monkeypatch):
+    """The line of a record whose quoted field spans two lines is the line where the record starts."""
+    _no_fit(monkeypatch)
+    path = _labels_csv(tmp_path / "d.csv", ["yes", "no"], bad_line=11, bad="NA", multiline=True)
+    assert path.read_text().splitlines()[10] == "2.70,\"first"  # line 11 (1-based) starts the record
+    rc, _, err = run(capsys, "fit", path, "-t", "y", "-l", "bernoulli", "--drop", "note")
+    assert_bad_input(rc, err, "missing value 'NA' in target column 'y' on line 11 of")
+    path = _labels_csv(tmp_path / "e.csv", ["yes", "no"], bad_line=7, bad="", multiline=True)
+    rc, _, err = run(capsys, "fit", path, "-t", "y", "-l", "bernoulli", "--drop", "note")
+    assert_bad_input(rc, err, "missing value in target column 'y' on line 7 of")
+
+
+def test_unknown_choices_are_one_line_listing_them(capsys):
+    """Issue 14 §3: an unknown --likelihood/--engine/--model printed argparse's usage (8 lines)."""
+    rc, _, err = run(capsys, "fit", "d.csv", "-t", "y", "-l", "poissson")
+    assert_bad_input(rc, err, "unknown likelihood 'poissson'", "did you mean 'poisson'",
+                     "choose from gaussian, bernoulli, probit, poisson, ordinal, laplace, studentt, exponential")
+    rc, _, err = run(capsys, "fit", "d.csv", "-t", "y", "-l", "poisson", "--engine", "newton")
+    assert_bad_input(rc, err, "unknown engine 'newton'", "choose from fpi, fpb, gradient, dual, laplace")
+    rc, _, err = run(capsys, "fit", "d.csv", "-t", "y", "-l", "poisson", "-m", "dense")
+    assert_bad_input(rc, err, "unknown model 'dense'", "choose from sparse, full, glm, auto")
+    rc, _, err = run(capsys, "fit", "d.csv", "-t", "y", "-l", "poisson", "--max-iter", "many")
+    assert_bad_input(rc, err, "--max-iter", "'many'")
+    rc, _, err = run(capsys, "predict", "m.gpvi")
+    assert_bad_input(rc, err, "DATA")
+    # names are case-insensitive: parsing succeeds and the missing file is what is reported
+    rc, _, err = run(capsys, "fit", "absent.csv", "-t", "y", "-l", "Poisson", "-e", "FPI")
+    assert_bad_input(rc, err, "absent.csv: no such file")
+
+
+def _read_only_folder(tmp_path):
+    """A folder this process cannot create files in, or None (root ignores permissions: then a
+    read-only file system such as /sys is used where there is one)."""
+    import os
+    import tempfile
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    for folder in (ro, Path("/sys")):
+        try:
+            fd, name = tempfile.mkstemp(dir=folder)
+        except OSError:
+            return folder
+        os.close(fd)
+        os.unlink(name)
+    return None
+
+
+def test_unwritable_out_is_detected_before_fitting(poisson_csv, glm_model, tmp_path, capsys, monkeypatch):
+    """Issue 14 §3: an --out that cannot be written (read-only folder, a folder, a file as folder,
+    a missing folder) is one line and exit 2 before any fitting."""
+    import os
+
+    _no_fit(monkeypatch)
+    fit = ["fit", poisson_csv, "-t", "count", "-l", "poisson"]
+    cases = [(tmp_path / "no" / "m.gpvi", ["folder", "does not exist"]),
+             (tmp_path, ["it is a folder"]),
+             (poisson_csv / "m.gpvi", ["is not a folder"])]
+    ro = _read_only_folder(tmp_path)
+    if ro is not None:
+        cases.append((ro / "m.gpvi", [f"folder {os.path.realpath(ro)} is not writable"]))
+    for out, needles in cases:
+        rc, _, err = run(capsys, *fit, "-o", out)
+        assert_bad_input(rc, err, "cannot write the model file", *needles)
+        rc, _, err = run(capsys, "predict", glm_model, poisson_csv, "-o", out)
+        assert_bad_input(rc, err, "cannot write the predictions", *needles)
+    if ro is None:
+        pytest.skip("no read-only folder available to this user (root without a read-only file system)")
+
+
+def _rewrite_meta(src, dst, change):
+    """Copy model file ``src`` to ``dst`` with ``change(meta)`` applied to its meta.json."""
+    import json
+
+    with np.load(src) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(bytes(arrays.pop("meta.json")).decode())
+    change(meta)
+    with open(dst, "wb") as fh:
+        np.savez(fh, **arrays, **{"meta.json": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)})
+    return dst
+
+
+def test_model_file_errors_are_one_line(poisson_csv, glm_model, tmp_path, capsys, monkeypatch):
+    """Issue 14 B7 (CLI part): every error reading a model file is one line and exit 2 in `gpvi
+    predict`, never a traceback (a crafted `"version": "2"` raised TypeError)."""
+    crafted = _rewrite_meta(glm_model, tmp_path / "v2.gpvi", lambda m: m.update(version="2"))
+    rc, _, err = run(capsys, "predict", crafted, poisson_csv)
+    assert_bad_input(rc, err, "v2.gpvi")
+    unknown = _rewrite_meta(glm_model, tmp_path / "cls.gpvi", lambda m: m["model"].update({"class": "Kernel"}))
+    rc, _, err = run(capsys, "predict", unknown, poisson_csv)
+    assert_bad_input(rc, err, "cls.gpvi")
+    # whatever gpvi.io.load raises for a damaged file
+    model = tmp_path / "m.gpvi"
+    model.write_bytes(glm_model.read_bytes())
+    for exc, needles in [(ValueError(f"{model} is a damaged gpvi model file: bad shape"), ["damaged", "bad shape"]),
+                         (TypeError("'>' not supported between instances of 'str' and 'int'"), ["TypeError"]),
+                         (RecursionError("maximum recursion depth exceeded while decoding a JSON array"),
+                          ["RecursionError"]),
+                         (MemoryError(), ["MemoryError"]),
+                         (NotImplementedError(), ["NotImplementedError"]),
+                         (PermissionError(13, "Permission denied", str(model)), ["m.gpvi: Permission denied"])]:
+        def load(*args, _exc=exc, **kwargs):
+            raise _exc
+        monkeypatch.setattr(gpvi.io, "load", load)
+        rc, _, err = run(capsys, "predict", model, poisson_csv)
+        assert_bad_input(rc, err, *needles)
+        if not isinstance(exc, (ValueError, OSError)):
+            assert "m.gpvi is not a readable gpvi model file" in err
+
+
+def test_no_advice_to_load_pickles(poisson_csv, glm_model, tmp_path, capsys, monkeypatch):
+    """Issue 14 §3: NumPy's "you can load it unsafely using allow_pickle" reached the user for a
+    pickled file given as a model."""
+    import pickle
+
+    pkl = tmp_path / "model.gpvi"
+    pkl.write_bytes(pickle.dumps({"weights": [1.0, 2.0]}))
+    npy = tmp_path / "objects.gpvi"
+    with open(npy, "wb") as fh:
+        np.save(fh, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    objects = tmp_path / "members.gpvi"
+    with np.load(glm_model) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["fit.trace"] = np.array([{"a": 1}], dtype=object)
+    with open(objects, "wb") as fh:
+        np.savez(fh, **arrays)
+    for bad in (pkl, npy, objects):
+        rc, _, err = run(capsys, "predict", bad, poisson_csv)
+        assert_bad_input(rc, err, bad.name)
+        assert "allow_pickle" not in err and "unsafe" not in err and "pickle.load" not in err
+    # the message NumPy gives, however it reaches the command line
+    advice = ("This file contains pickled (object) data. If you trust the file you can load it unsafely "
+              "using the `allow_pickle=` keyword argument or `pickle.load()`.")
+    for raised in (ValueError(f"{pkl} is not a readable gpvi model file: {advice}"),
+                   ValueError("Object arrays cannot be loaded when allow_pickle=False")):
+        def load(*args, _exc=raised, **kwargs):
+            raise _exc
+        monkeypatch.setattr(gpvi.io, "load", load)
+        rc, _, err = run(capsys, "predict", pkl, poisson_csv)
+        assert_bad_input(rc, err, "gpvi never loads")
+        assert "allow_pickle" not in err and "unsafe" not in err and "pickle.load" not in err
+    monkeypatch.undo()
+    _no_fit(monkeypatch)
+    rc, _, err = run(capsys, "fit", npy, "-t", "y", "-l", "poisson")  # a data file that is a pickle
+    assert_bad_input(rc, err, "objects.gpvi")
+    assert "allow_pickle" not in err and "unsafe" not in err
+
+
+def test_interrupt_in_process_returns_130(poisson_csv, tmp_path, capsys, monkeypatch):
+    """Called in-process, an interrupt during the fit returns 130 after the one line (no exit)."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gpvi, "fit", interrupted)
+    out = tmp_path / "m.gpvi"
+    rc, out_text, err = run(capsys, "fit", poisson_csv, "-t", "count", "-l", "poisson", "-o", out)
+    assert rc == 130 and err == "gpvi: interrupted\n" and out_text == ""
+    assert not out.exists()
+
+
+def test_interrupt_as_a_command_ends_the_process_at_once(poisson_csv, tmp_path, capsys, monkeypatch):
+    """Issue 21: as the `gpvi` command an interrupt ends the process with os._exit(130) after
+    flushing, so no interpreter teardown runs while XLA threads (a compilation) are still live."""
+    import gpvi.cli as cli
+
+    def interrupted(*args, **kwargs):
+        print("partial summary")  # buffered output must be flushed before the exit
+        raise KeyboardInterrupt
+    monkeypatch.setattr(gpvi, "fit", interrupted)
+    exits, flushed = [], []
+
+    class Exit(BaseException):
+        pass
+
+    def fake_exit(code):
+        exits.append(code)
+        raise Exit
+
+    monkeypatch.setattr(cli.os, "_exit", fake_exit)
+    monkeypatch.setattr(cli, "_flush_std", lambda: flushed.append(True))
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # restored after the test
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(Exit):
+            main([str(a) for a in ("fit", poisson_csv, "-t", "count", "-l", "poisson", "-o", tmp_path / "m.gpvi")],
+                 exit_on_interrupt=True)
+    finally:
+        signal.signal(signal.SIGINT, sigint)
+    assert exits == [130] and flushed == [True]
+    assert capsys.readouterr().err == "gpvi: interrupted\n"

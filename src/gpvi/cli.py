@@ -6,19 +6,30 @@ label coding, so that ``gpvi predict MODEL DATA`` applies the same preprocessing
 ``gpvi demo`` fits a Poisson sparse GP to the coal-mining disaster counts that ship with
 gpvi, with the ``fpi`` and ``gradient`` engines, and prints and plots the comparison.
 
-Bad input (a missing file or column, non-numeric values, labels outside the likelihood's
-support, a corrupt model file) gives one line ``gpvi: error: …`` on stderr and exit code 2.
+Bad input (a missing file or column, a missing or non-numeric value, labels outside the
+likelihood's support, a corrupt model file, an output path that is an input or cannot be
+written, an unknown option value) gives one line ``gpvi: error: …`` on stderr and exit code 2.
+Output files are written atomically (a temporary file in the same folder, renamed into place),
+so a failed or interrupted run leaves any previous file intact.  An interrupt (Ctrl-C) gives the
+one line ``gpvi: interrupted`` and exit code 130, whatever the command was doing.
 :func:`main` takes the argument list and returns the exit code, so it can be called in-process.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import difflib
 import gzip
+import io
 import math
+import os
+import re
+import signal
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -28,6 +39,7 @@ __all__ = ["main", "read_table", "LIKELIHOODS", "MODELS"]
 
 EXIT_BAD_INPUT = 2
 EXIT_FIT_FAILED = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 CLI_FORMAT = "gpvi-cli"
 CLI_VERSION = 1
 
@@ -38,6 +50,10 @@ CLASSIFIERS = ("bernoulli", "probit", "ordinal")
 STANDARDISED_TARGET = ("gaussian", "laplace", "studentt")  # identity link: y is standardised for the fit
 LOG_LINK = ("poisson", "exponential")
 PARQUET_SUFFIXES = (".parquet", ".pq")
+# Cell values that mean "no value" (compared case-insensitively after stripping blanks): what
+# spreadsheets, R and pandas write for a missing cell.  "none" is not among them: it is a
+# plausible class label.
+MISSING_TOKENS = frozenset({"", "na", "n/a", "nan", "-nan", "null", "#n/a", "<na>", "?"})
 
 
 class UsageError(Exception):
@@ -103,15 +119,17 @@ def _read_csv(p: Path, name: str) -> Table:
                 raise UsageError(f"{name}: the header names column {dup[0]!r} more than once")
             cols = [[] for _ in header]
             lines = []
+            end = reader.line_num  # line numbers as a user counts them: the header line is line 1
             for row in reader:
+                start, end = end + 1, reader.line_num  # a quoted field may span lines: name the first
                 if not row or not any(c.strip() for c in row):
                     continue  # blank line
                 if len(row) != len(header):
-                    raise UsageError(f"{name} line {reader.line_num} has {len(row)} fields but the header "
+                    raise UsageError(f"{name} line {start} has {len(row)} fields but the header "
                                      f"has {len(header)} columns")
                 for col, v in zip(cols, row):
                     col.append(v)
-                lines.append(reader.line_num)
+                lines.append(start)
     except UnicodeDecodeError:
         raise UsageError(f"{name} is not a UTF-8 text CSV file (for Parquet, name it .parquet)") from None
     except (csv.Error, gzip.BadGzipFile, EOFError) as err:
@@ -145,41 +163,67 @@ def _read_parquet(p: Path, name: str) -> Table:
     return Table(name, cols, table.num_rows)
 
 
+def _is_missing(v) -> bool:
+    """Whether a cell value means "no value": None, NaN, or one of :data:`MISSING_TOKENS`."""
+    if v is None:
+        return True
+    if isinstance(v, str):
+        return v.strip().lower() in MISSING_TOKENS
+    return isinstance(v, float) and math.isnan(v)
+
+
+def _missing_error(table: Table, name: str, what: str, rows) -> UsageError:
+    """``missing value in <what> 'name' on line N of FILE`` for the first of ``rows``."""
+    i = rows[0]
+    vals = table.columns[name]
+    v = vals[i]
+    shown = f" {v.strip()!r}" if isinstance(v, str) and v.strip() else ""
+    more = f" (and {len(rows) - 1} more)" if len(rows) > 1 else ""
+    return UsageError(f"missing value{shown} in {what} {name!r} on {table.where(i)} of {table.path}{more}")
+
+
 def _numeric(table: Table, name: str, what: str = "column") -> np.ndarray:
-    """Column ``name`` as float64, or a UsageError naming the column and the first bad value."""
+    """Column ``name`` as float64, or a UsageError naming the column and the first missing,
+    non-numeric or non-finite value."""
     vals = table.require(name, what)
-    if isinstance(vals, np.ndarray):
+    if isinstance(vals, np.ndarray):  # Parquet: nulls are NaN
         arr = vals.astype(np.float64)
-    else:
-        try:
-            arr = np.array([np.nan if v is None else v for v in vals], dtype=np.float64)
-        except (ValueError, TypeError):
-            arr = None
-        if arr is None:
-            bad = []
-            for i, v in enumerate(vals):
-                try:
-                    float(v)
-                except (ValueError, TypeError):
-                    bad.append(i)
-            i = bad[0]
-            v = vals[i]
-            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-            if v is None or str(v).strip() == "":
-                raise UsageError(f"{what} {name!r} has an empty value on {table.where(i)} of {table.path}{more}")
-            raise UsageError(f"{what} {name!r} has non-numeric value {v!r} on {table.where(i)} of {table.path}{more}")
-    bad = np.flatnonzero(~np.isfinite(arr))
-    if bad.size:
-        i = int(bad[0])
-        if isinstance(vals, np.ndarray):
-            shown = "a missing or non-finite value"
-        elif vals[i] is None:
-            shown = "an empty value"
+        bad = np.flatnonzero(~np.isfinite(arr))
+        if bad.size:
+            i = int(bad[0])
+            if np.isnan(arr[i]):
+                raise _missing_error(table, name, what, np.flatnonzero(np.isnan(arr)).tolist())
+            more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
+            raise UsageError(f"{what} {name!r} has non-finite value {arr[i]!r} on {table.where(i)} of "
+                             f"{table.path}{more}")
+        return arr
+    try:  # the common case: every cell a finite number
+        arr = np.array(vals, dtype=np.float64)
+        if np.all(np.isfinite(arr)):
+            return arr
+    except (ValueError, TypeError):
+        pass
+    missing, nonnum = [], []
+    for i, v in enumerate(vals):
+        if _is_missing(v):
+            missing.append(i)
         else:
-            shown = f"non-finite value {vals[i]!r}"
-        more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
-        raise UsageError(f"{what} {name!r} has {shown} on {table.where(i)} of {table.path}{more}")
-    return arr
+            try:
+                float(v)
+            except (ValueError, TypeError):
+                nonnum.append(i)
+    if missing and (not nonnum or missing[0] < nonnum[0]):
+        raise _missing_error(table, name, what, missing)
+    if nonnum:
+        i = nonnum[0]
+        more = f" (and {len(nonnum) - 1} more)" if len(nonnum) > 1 else ""
+        raise UsageError(f"{what} {name!r} has non-numeric value {vals[i]!r} on {table.where(i)} of "
+                         f"{table.path}{more}")
+    arr = np.array(vals, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(arr))
+    i = int(bad[0])
+    more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
+    raise UsageError(f"{what} {name!r} has non-finite value {vals[i]!r} on {table.where(i)} of {table.path}{more}")
 
 
 def _split(s):
@@ -200,11 +244,10 @@ def _labels(table: Table, name: str):
     if isinstance(vals, np.ndarray):
         _numeric(table, name, "target column")  # reports missing values
         return [_fmt_label(v) for v in vals], vals.astype(np.float64)
-    out = []
-    for i, v in enumerate(vals):
-        if v is None or (isinstance(v, str) and not v.strip()):
-            raise UsageError(f"target column {name!r} has an empty value on {table.where(i)} of {table.path}")
-        out.append(v.strip() if isinstance(v, str) else v)
+    missing = [i for i, v in enumerate(vals) if _is_missing(v)]
+    if missing:  # a missing label is not a class of its own
+        raise _missing_error(table, name, "target column", missing)
+    out = [v.strip() if isinstance(v, str) else v for v in vals]
     try:
         num = np.array(out, dtype=np.float64)
         if not np.all(np.isfinite(num)):
@@ -346,11 +389,96 @@ def _exposure(table, name, note=""):
 
 
 def _check_writable(path: Path, what: str):
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    """Raise a UsageError, before any work is done, when ``path`` cannot be written: its folder
+    is missing, is not a folder or is not writable, or ``path`` is a folder.  Writability is
+    tested the way the output will be written (a temporary file created and removed in the
+    folder), so read-only folders and file systems are caught whoever runs the command."""
+    parent = path.parent
+    if not parent.exists():
         raise UsageError(f"cannot write {what} {path}: folder {parent} does not exist")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {what} {path}: {parent} is not a folder")
     if path.is_dir():
         raise UsageError(f"cannot write {what} {path}: it is a folder")
+    if path.exists() and not path.is_file():  # a device or pipe (/dev/null, /dev/stdout): written in place
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"cannot write {what} {path}: permission denied")
+        return
+    folder = Path(os.path.realpath(path)).parent  # where the atomic write puts its temporary file
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # on Linux a file without a name: nothing to clean up
+            pass
+    except OSError as err:
+        raise UsageError(f"cannot write {what} {path}: folder {folder} is not writable "
+                         f"({(err.strerror or str(err)).lower()})") from None
+
+
+def _same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: :func:`os.path.samefile` when both exist (so
+    symlinks, hard links and spellings such as ``./d.csv`` count), else equal resolved paths."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _refuse_overwriting_input(out, what: str, inputs: dict):
+    """UsageError when the output ``out`` is one of ``inputs`` ({description: path}): writing it
+    would destroy the input."""
+    for name, path in inputs.items():
+        if path is not None and _same_file(out, path):
+            raise UsageError(f"{what} {out} is the {name} {path}: writing it would destroy the {name}; "
+                             "choose another --out")
+
+
+_OUTPUTS: list[str] = []  # real paths of the files this command writes (see _remove_stray_temporaries)
+
+
+def _remember_output(path):
+    """Note that this command writes ``path`` (for :func:`_remove_stray_temporaries`)."""
+    _OUTPUTS.append(os.path.realpath(path))
+
+
+def _remove_stray_temporaries():
+    """Remove the temporary files of :func:`gpvi.io.atomic_write` for this command's outputs that
+    this process still has open.  An interrupt that lands between the temporary file's creation
+    and the start of the write's own clean-up (inside :func:`tempfile.mkstemp`, 1 in 60 tries
+    with the interrupt sent as the file appears) leaves it behind; the output itself is intact.
+    Only files open in this process are touched, so another process's write is never disturbed.
+    Linux (``/proc/self/fd``) only; elsewhere nothing is done."""
+    fds = "/proc/self/fd"
+    if not _OUTPUTS or not os.path.isdir(fds):
+        return
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(fds):
+            try:
+                target = os.readlink(os.path.join(fds, fd))
+            except OSError:
+                continue
+            folder, name = os.path.split(target)
+            for out in _OUTPUTS:
+                if (folder == os.path.dirname(out) and name.startswith(f".{os.path.basename(out)}.")
+                        and name.endswith(".tmp")):
+                    with contextlib.suppress(OSError):
+                        os.unlink(target)
+
+
+@contextlib.contextmanager
+def _open_output(path: Path):
+    """Open ``path`` for writing in binary mode.  A regular file (or a new one) is written
+    atomically with :func:`gpvi.io.atomic_write` through any symlink to it, so an error or an
+    interrupt leaves a previous file intact; a device or pipe (``/dev/null``, ``/dev/stdout``) is
+    written in place."""
+    from .io import atomic_write
+
+    if path.exists() and not path.is_file():
+        with open(path, "wb") as fh:
+            yield fh
+        return
+    with atomic_write(os.path.realpath(path), "wb") as fh:
+        yield fh
 
 
 def _show_progress(args):
@@ -361,7 +489,9 @@ def cmd_fit(args) -> int:
     import gpvi
 
     out = Path(args.out) if args.out else _default_out(args.data)
+    _refuse_overwriting_input(out, "the model file", {"data file": args.data})
     _check_writable(out, "the model file")
+    _remember_output(out)
     table = read_table(args.data)
     lik_name = args.likelihood
     target = args.target
@@ -452,10 +582,24 @@ def cmd_fit(args) -> int:
         "y_mean": y_mean, "y_scale": y_scale, "labels": labels, "intercept": intercept,
         "latent_offset": latent_offset, "exposure": args.exposure or None, "data": str(args.data),
     }
-    gpvi.io.save(fit, out, extra=extra)
+    _save_model(fit, out, extra)
     if not args.quiet:
         _print_fit_summary(fit, extra, table, out, args.max_rounds)
     return 0
+
+
+def _save_model(fit, out: Path, extra: dict):
+    """Write the model file: atomically with :func:`gpvi.io.save` (through a symlink, not over
+    it), or, for a device or pipe such as ``/dev/null``, by copying a finished temporary file."""
+    import gpvi
+
+    if out.exists() and not out.is_file():
+        with tempfile.TemporaryDirectory(prefix="gpvi-") as tmp:
+            gpvi.io.save(fit, Path(tmp) / "model.gpvi", extra=extra)
+            with open(Path(tmp) / "model.gpvi", "rb") as src, _open_output(out) as dst:
+                dst.write(src.read())
+        return
+    gpvi.io.save(fit, os.path.realpath(out), extra=extra)
 
 
 def _describe_model(fit, kind):
@@ -521,7 +665,15 @@ def _load_cli_model(path):
         raise UsageError(f"{path}: no such file")
     if p.is_dir():
         raise UsageError(f"{path} is a directory, not a model file")
-    obj, extra = gpvi.io.load(p, with_extra=True)
+    try:
+        obj, extra = gpvi.io.load(p, with_extra=True)
+    except OSError:
+        raise  # reported by main as "FILE: reason"
+    except ValueError as err:
+        raise UsageError(_plain(err)) from None
+    except Exception as err:  # a damaged or crafted file must not end in a traceback
+        raise UsageError(f"{path} is not a readable gpvi model file ({type(err).__name__}: "
+                         f"{_plain(err) or 'no details'})") from None
     if not isinstance(obj, gpvi.FitResult) or extra.get("format") != CLI_FORMAT:
         raise UsageError(f"{path} was not written by `gpvi fit` (it has no column information); "
                          "load it in Python with gpvi.io.load")
@@ -598,37 +750,52 @@ def _format_cell(v):
     return repr(float(v))
 
 
-def _write_table(cols: dict, out):
+def _write_csv(cols: dict, write):
+    """Write ``cols`` as CSV through ``write(str)``, in pieces of about 1 MB."""
     names = list(cols)
     n = len(next(iter(cols.values())))
-    if out is not None and Path(out).suffix.lower() in PARQUET_SUFFIXES:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(names)
+    columns = [cols[k] for k in names]
+    for i in range(n):
+        w.writerow([_format_cell(c[i]) for c in columns])
+        if buf.tell() >= 1 << 20:
+            write(buf.getvalue())
+            buf.seek(0)
+            buf.truncate()
+    write(buf.getvalue())
+
+
+def _write_table(cols: dict, out):
+    """Write ``cols`` as CSV (or Parquet, by the suffix) to ``out``, or CSV to stdout when ``out``
+    is None.  A file is written atomically (see :func:`_open_output`)."""
+    if out is None:
+        _write_csv(cols, sys.stdout.write)
+        sys.stdout.flush()
+        return
+    out = Path(out)
+    if out.suffix.lower() in PARQUET_SUFFIXES:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
         except ImportError:
             raise UsageError('writing Parquet files needs pyarrow, which is not installed: '
                              'pip install "gpvi[parquet]"') from None
-        pq.write_table(pa.table({k: (list(v) if isinstance(v, list) else np.asarray(v)) for k, v in cols.items()}),
-                       out)
+        table = pa.table({k: (list(v) if isinstance(v, list) else np.asarray(v)) for k, v in cols.items()})
+        with _open_output(out) as fh:
+            pq.write_table(table, fh)
         return
-    fh = sys.stdout if out is None else open(out, "w", newline="", encoding="utf-8")
-    try:
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(names)
-        columns = [cols[k] for k in names]
-        for i in range(n):
-            w.writerow([_format_cell(c[i]) for c in columns])
-    finally:
-        if out is not None:
-            fh.close()
-        else:
-            fh.flush()
+    with _open_output(out) as fh:
+        _write_csv(cols, lambda text: fh.write(text.encode("utf-8")))
 
 
 def cmd_predict(args) -> int:
     out = Path(args.out) if args.out and args.out != "-" else None
     if out is not None:
+        _refuse_overwriting_input(out, "the output file", {"model file": args.model, "data file": args.data})
         _check_writable(out, "the predictions")
+        _remember_output(out)
     fit, extra = _load_cli_model(args.model)
     table = read_table(args.data)
     keep = _split(args.keep)
@@ -756,13 +923,37 @@ def cmd_demo(args) -> int:
 # ---------------------------------------------------------------------------------------------
 # Parser and entry point
 # ---------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse parser whose usage errors are one line on stderr and exit code 2 (no usage dump:
+    it runs to many lines; ``gpvi COMMAND -h`` shows it)."""
+
+    def error(self, message):
+        self.exit(EXIT_BAD_INPUT, f"gpvi: error: {_one_line(message)} (see `{self.prog} -h`)\n")
+
+
+def _choice(what: str, choices):
+    """An argparse ``type`` that accepts one of ``choices`` (case-insensitively) and otherwise
+    says, in one line, what was given, the nearest choice and all of them."""
+    def parse(value: str) -> str:
+        v = value.strip().lower()
+        if v in choices:
+            return v
+        hint = difflib.get_close_matches(v, choices, n=1)
+        extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+        raise argparse.ArgumentTypeError(f"unknown {what} {value!r}{extra}; choose from {', '.join(choices)}")
+
+    parse.__name__ = what
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The ``gpvi`` argument parser (sub-commands fit, predict and demo)."""
     from . import __version__
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("-q", "--quiet", action="store_true",
                         help="no progress display and no summary (errors are still reported)")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="gpvi", description="Variational inference for GPs and latent Gaussian models with any likelihood.",
         epilog="Run `gpvi COMMAND -h` for the options of a command.")
     parser.add_argument("--version", action="version", version=f"gpvi {__version__}")
@@ -774,11 +965,12 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--features/--drop say otherwise.")
     f.add_argument("data", metavar="DATA", help="CSV (.csv, .tsv, optionally .gz) or Parquet (.parquet) file")
     f.add_argument("-t", "--target", required=True, metavar="COL", help="the column to predict")
-    f.add_argument("-l", "--likelihood", required=True, choices=LIKELIHOODS, metavar="NAME",
+    f.add_argument("-l", "--likelihood", required=True, type=_choice("likelihood", LIKELIHOODS), metavar="NAME",
                    help="one of: " + ", ".join(LIKELIHOODS))
-    f.add_argument("-m", "--model", choices=MODELS, default="sparse",
+    f.add_argument("-m", "--model", type=_choice("model", MODELS), default="sparse", metavar="KIND",
                    help="sparse GP (default), full GP, Bayesian GLM, or auto (full GP when N <= 1000, else sparse)")
-    f.add_argument("-e", "--engine", choices=ENGINES, default="fpi", help="inference engine (default fpi)")
+    f.add_argument("-e", "--engine", type=_choice("engine", ENGINES), default="fpi", metavar="ENGINE",
+                   help="inference engine: " + ", ".join(ENGINES) + " (default fpi)")
     f.add_argument("-M", "--inducing", type=int, metavar="M",
                    help="inducing inputs of the sparse GP (default min(200, N)), placed by k-means")
     f.add_argument("-o", "--out", metavar="MODEL", help="model file to write (default: DATA with suffix .gpvi)")
@@ -822,11 +1014,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _one_line(msg) -> str:
-    return " ".join(str(msg).split())
+    return " ".join(_plain(msg).split())
 
 
-def main(argv=None) -> int:
-    """Run the ``gpvi`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+_PICKLE_ADVICE = re.compile(r"\s*If you trust the file you can load it unsafely.*?(pickle\.load\(\)`?\.?|$)", re.S)
+
+
+def _plain(msg) -> str:
+    """``msg`` without NumPy's advice to load a file "unsafely" with ``allow_pickle``: gpvi never
+    unpickles a file, and a user must not be told to."""
+    text = str(msg)
+    if "pickle" not in text:
+        return text
+    text = _PICKLE_ADVICE.sub("", text)
+    text = text.replace("This file contains pickled (object) data.",
+                        "it holds pickled Python objects, which gpvi never loads")
+    return text.replace("Object arrays cannot be loaded when allow_pickle=False",
+                        "it holds Python objects (pickled data), which gpvi never loads")
+
+
+def _run(argv) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -847,9 +1054,143 @@ def main(argv=None) -> int:
         where = f"{err.filename}: " if getattr(err, "filename", None) else ""
         print(f"gpvi: error: {where}{_one_line(err.strerror or err)}", file=sys.stderr)
         return EXIT_BAD_INPUT
+
+
+class _InterruptGuard:
+    """How the ``gpvi`` command ends on SIGINT (Ctrl-C): exit code 130 after the one line
+    ``gpvi: interrupted``, whatever it was doing, and without a crash.
+
+    * The first SIGINT raises KeyboardInterrupt in the main thread as usual, so that ``finally``
+      blocks run (an atomic write removes its temporary file); :func:`main` catches it and calls
+      :meth:`exit`, which flushes stdout and stderr and ends the process with :func:`os._exit`.
+      A normal interpreter exit is what crashed (SIGSEGV after the message, issue 21): the
+      interrupt can arrive while XLA compiles a program on a thread of its own (the main thread
+      waits for it interruptibly), and the exit then destroyed the XLA client under that thread.
+    * Python swallows an exception raised in a garbage-collector callback (JAX registers one) or
+      in ``__del__``, printing "Exception ignored in …"; the command would then run on.  Such a
+      swallowed KeyboardInterrupt is caught by a ``sys.unraisablehook`` and delivered again.
+    * Further SIGINTs are ignored while the first unwinds, so they cannot cut its clean-up short.
+    * A watchdog thread ends the process itself when the main thread has not reported the
+      interrupt :attr:`GRACE` seconds after it, e.g. because it is inside one long compiled call.
+    """
+
+    GRACE = 2.0
+
+    def __init__(self):
+        self.interrupted = threading.Event()
+        self.reported = threading.Event()  # the interrupt is being reported, or the command is done
+        self.redeliver = threading.Event()
+        self.exiting = threading.Lock()  # held by whichever thread prints the line and exits
+        self.pending = False  # a KeyboardInterrupt is on its way up the main thread
+        self.watchdog = None
+        self.previous_hook = sys.unraisablehook
+
+    def install(self) -> bool:
+        """Take over SIGINT, unless it is ignored (a background job of a shell script: it stays
+        ignored) or handled by someone else, or this is not the main thread."""
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            return False
+        if not _set_sigint(self.on_signal):
+            return False
+        sys.unraisablehook = self.on_unraisable
+        # Started now, not in the handler: the main thread may be interrupted while it holds
+        # threading's own locks, which starting a thread takes.
+        self.watchdog = threading.Thread(target=self.watch, name="gpvi-interrupt", daemon=True)
+        self.watchdog.start()
+        return True
+
+    def on_signal(self, signum, frame):
+        """SIGINT handler: raise KeyboardInterrupt, unless one is already on its way."""
+        if self.pending or self.reported.is_set():
+            return
+        self.pending = True
+        self.interrupted.set()
+        raise KeyboardInterrupt
+
+    def on_unraisable(self, unraisable):
+        """A KeyboardInterrupt swallowed by Python (in a gc callback or ``__del__``) is delivered
+        again, silently; anything else goes to the previous hook."""
+        if issubclass(unraisable.exc_type, KeyboardInterrupt) and not self.reported.is_set():
+            self.pending = False
+            self.redeliver.set()
+            return
+        self.previous_hook(unraisable)
+
+    def watch(self):
+        """From the first interrupt on: deliver swallowed interrupts again (from outside the
+        callback that swallowed them), and exit after GRACE seconds if the main thread has not
+        reported the interrupt by then."""
+        self.interrupted.wait()
+        deadline = time.monotonic() + self.GRACE
+        while not self.reported.wait(0.01):
+            if self.redeliver.is_set():
+                self.redeliver.clear()
+                os.kill(os.getpid(), signal.SIGINT)
+            if time.monotonic() > deadline:
+                self.exit()
+
+    def finish(self):
+        """The command is done: a late SIGINT no longer changes its outcome (nor turns into a
+        traceback while the interpreter exits)."""
+        self.reported.set()
+        _set_sigint(signal.SIG_IGN)
+
+    def exit(self):
+        """Print ``gpvi: interrupted``, flush stdout and stderr, and end the process (exit 130)
+        without the interpreter's teardown.  Called by one thread; another one blocks here."""
+        self.reported.set()
+        _set_sigint(signal.SIG_IGN)  # a no-op outside the main thread
+        self.exiting.acquire()
+        with contextlib.suppress(Exception):
+            _remove_stray_temporaries()
+            print("gpvi: interrupted", file=sys.stderr)
+        _flush_std()
+        os._exit(EXIT_INTERRUPTED)
+
+
+def _set_sigint(handler) -> bool:
+    """Install ``handler`` for SIGINT; False where that is not allowed (outside the main thread)."""
+    try:
+        signal.signal(signal.SIGINT, handler)
+        return True
+    except (ValueError, OSError):  # not the main thread
+        return False
+
+
+def _flush_std():
+    """Flush stdout and stderr before :func:`os._exit` (which skips it), ignoring a closed pipe."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
+def main(argv=None, *, exit_on_interrupt: bool | None = None) -> int:
+    """Run the ``gpvi`` command with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    An interrupt (SIGINT, Ctrl-C) prints ``gpvi: interrupted`` and gives exit code 130.  With
+    ``exit_on_interrupt`` (the default when ``argv`` is None, i.e. when run as the ``gpvi``
+    command) the process then ends at once with :func:`os._exit`, after flushing stdout and
+    stderr, and interrupts that Python would swallow are honoured: see :class:`_InterruptGuard`
+    (issue 21).  Nothing is lost by skipping the interpreter's teardown: output files are
+    written atomically, so an interrupted write leaves the previous file.
+    """
+    if exit_on_interrupt is None:
+        exit_on_interrupt = argv is None
+    guard = _InterruptGuard() if exit_on_interrupt else None
+    _OUTPUTS.clear()
+    try:
+        if guard is not None:
+            guard.install()
+        code = _run(argv)
     except KeyboardInterrupt:
+        if guard is not None:
+            guard.exit()  # does not return
+        _remove_stray_temporaries()
         print("gpvi: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    if guard is not None:
+        guard.finish()
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover
