@@ -169,28 +169,29 @@ def test_an_interrupt_swallowed_by_a_gc_callback_still_ends_the_command(tmp_path
 
 
 STRAY_TEMPORARY_DRIVER = FOREGROUND + """
-import os, signal, sys, tempfile
+import os, signal, sys
 from gpvi.cli import main
 
-real_mkstemp = tempfile.mkstemp
+real_open = os.open
 
-def mkstemp(*args, **kwargs):  # the interrupt lands just after the temporary file is created
-    fd, name = real_mkstemp(*args, **kwargs)
-    if name.endswith(".tmp"):
+def open_(path, flags, *args, **kwargs):  # the interrupt lands just after the temporary file is created
+    fd = real_open(path, flags, *args, **kwargs)
+    if str(path).endswith(".tmp"):
         os.kill(os.getpid(), signal.SIGINT)
-        for _ in range(1000):  # the SIGINT handler runs here, before atomic_write's clean-up is set up
+        for _ in range(1000):  # the SIGINT handler runs here, as the file has just appeared
             pass
-    return fd, name
+    return fd
 
-tempfile.mkstemp = mkstemp
+os.open = open_
 sys.exit(main())
 """
 
 
 def test_interrupt_as_the_model_file_is_created_leaves_no_temporary_file(tmp_path):
-    """An interrupt inside :func:`tempfile.mkstemp`, after it created the atomic write's temporary
-    file and before the write's clean-up covers it (1 in 60 tries with SIGINT sent as the file
-    appears), left ``.m.gpvi.XXXXXXXX.tmp`` behind.  The previous model stays, and no litter."""
+    """An interrupt just after the atomic write's temporary file is created (inside
+    ``tempfile.mkstemp``, before the write's clean-up covered it, 1 in 60 tries with SIGINT sent
+    as the file appeared) left ``.m.gpvi.XXXXXXXX.tmp`` behind.  The previous model stays, and no
+    litter."""
     csv = tmp_path / "d.csv"
     csv.write_text("x,count\n" + "".join(f"{i / 10},{i % 4}\n" for i in range(40)))
     out = tmp_path / "m.gpvi"

@@ -511,3 +511,13 @@ def test_concurrent_loads_while_another_thread_saves_never_fail(fits, tmp_path):
         thread.join(30)
     assert not errors and len(saved) >= 5 and loads >= 5, (errors, len(saved), loads)
     assert sorted(os.listdir(tmp_path)) == ["m.gpvi"]
+
+
+def test_save_through_a_symlink_replaces_its_target_and_keeps_the_link(fits, tmp_path):
+    target = gpvi.io.save(fits["glm"], tmp_path / "real.gpvi")
+    link = tmp_path / "link.gpvi"
+    link.symlink_to(target)
+    gpvi.io.save(fits["sparse"], link)
+    assert link.is_symlink() and os.path.realpath(link) == str(target)
+    assert np.array_equal(gpvi.io.load(target).state.mean, fits["sparse"].state.mean)
+    assert sorted(os.listdir(tmp_path)) == ["link.gpvi", "real.gpvi"]

@@ -465,20 +465,14 @@ def _remove_stray_temporaries():
                         os.unlink(target)
 
 
-@contextlib.contextmanager
 def _open_output(path: Path):
-    """Open ``path`` for writing in binary mode.  A regular file (or a new one) is written
-    atomically with :func:`gpvi.io.atomic_write` through any symlink to it, so an error or an
+    """Open ``path`` for writing in binary mode with :func:`gpvi.io.atomic_write`: a regular
+    file (or a new one) is replaced atomically through any symlink to it, so an error or an
     interrupt leaves a previous file intact; a device or pipe (``/dev/null``, ``/dev/stdout``) is
     written in place."""
     from .io import atomic_write
 
-    if path.exists() and not path.is_file():
-        with open(path, "wb") as fh:
-            yield fh
-        return
-    with atomic_write(os.path.realpath(path), "wb") as fh:
-        yield fh
+    return atomic_write(path, "wb")
 
 
 def _show_progress(args):
@@ -589,17 +583,11 @@ def cmd_fit(args) -> int:
 
 
 def _save_model(fit, out: Path, extra: dict):
-    """Write the model file: atomically with :func:`gpvi.io.save` (through a symlink, not over
-    it), or, for a device or pipe such as ``/dev/null``, by copying a finished temporary file."""
+    """Write the model file with :func:`gpvi.io.save` (atomic, through a symlink rather than over
+    it; a device or pipe such as ``/dev/null`` is written in place)."""
     import gpvi
 
-    if out.exists() and not out.is_file():
-        with tempfile.TemporaryDirectory(prefix="gpvi-") as tmp:
-            gpvi.io.save(fit, Path(tmp) / "model.gpvi", extra=extra)
-            with open(Path(tmp) / "model.gpvi", "rb") as src, _open_output(out) as dst:
-                dst.write(src.read())
-        return
-    gpvi.io.save(fit, os.path.realpath(out), extra=extra)
+    gpvi.io.save(fit, out, extra=extra)
 
 
 def _describe_model(fit, kind):

@@ -17,7 +17,7 @@ import io as _io
 import json
 import math
 import os
-import tempfile
+import secrets
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -44,21 +44,33 @@ def atomic_write(path, mode: str = "wb"):
     is removed.  So a failed write (full disk, an exception, an interrupt) leaves any previous
     ``path`` intact, and a concurrent reader sees either the old file or the new one, never a
     partial one.  Yields the open file object.
+
+    A symlink is written through (its target is replaced, the link stays); an existing device or
+    pipe (``/dev/null``, ``/dev/stdout``) cannot be replaced and is written in place.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    if path.exists() and not path.is_file():
+        with open(path, mode) as f:
+            yield f
+        return
+    path = Path(os.path.realpath(path))
+    # The name is chosen before the file exists, so the clean-up below knows it whenever an
+    # exception or interrupt arrives, even one that lands just as the file is created.
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}.tmp"
+    created = False
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file open()'s usual mode
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
+        created = True
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as err:
+        # A FileExistsError before ``created`` is another writer's file of the same random name.
+        if created or not isinstance(err, FileExistsError):
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         raise
 
 
