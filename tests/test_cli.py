@@ -1,10 +1,13 @@
 """The `gpvi` command line: fit → predict on CSV/Parquet files, the demo, and every bad-input case
 (exit code 2, one line on stderr naming the problem, no traceback)."""
 import csv
+import io
+import json
 import shutil
 import signal
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -716,3 +719,47 @@ def test_interrupt_as_a_command_ends_the_process_at_once(poisson_csv, tmp_path, 
         signal.signal(signal.SIGINT, sigint)
     assert exits == [130] and flushed == [True]
     assert capsys.readouterr().err == "gpvi: interrupted\n"
+
+
+def _with_extra(model_file, extra, out):
+    """A copy of ``model_file`` whose stored ``extra`` is replaced (written by hand: ``save``
+    itself only stores valid JSON-able extras)."""
+    with zipfile.ZipFile(model_file) as zin:
+        members = {n: zin.read(n) for n in zin.namelist()}
+    meta = json.loads(np.load(io.BytesIO(members["meta.json.npy"])).tobytes())
+    meta["extra"] = extra
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8))
+    members["meta.json.npy"] = buf.getvalue()
+    with zipfile.ZipFile(out, "w") as zout:
+        for name, blob in members.items():
+            zout.writestr(name, blob)
+    return out
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("version", "2", "version"),
+    ("version", None, "version"),
+    ("features", "x", "features"),
+    ("x_scale", [0.0], "x_scale"),
+    ("x_mean", ["a"], "x_mean"),
+    ("intercept", "yes", "intercept"),
+    ("likelihood", "gamma", "likelihood"),
+    ("y_scale", -1.0, "y_scale"),
+    ("labels", {"a": 1}, "labels"),
+])
+def test_predict_refuses_damaged_column_information(field, value, needle, poisson_csv, glm_model, tmp_path,
+                                                    capsys):
+    # The command line's own fields in a model file (issue 14 B7): a string version ended in a
+    # TypeError traceback; a missing or mistyped field in a KeyError or a wrong prediction.
+    _, extra = gpvi.io.load(glm_model, with_extra=True)
+    if value is None:
+        del extra[field]
+    else:
+        extra[field] = value * len(extra["features"]) if field in ("x_scale", "x_mean") else value
+    bad = _with_extra(glm_model, extra, tmp_path / "bad.gpvi")
+    rc, out, err = run(capsys, "predict", bad, poisson_csv)
+    assert_bad_input(rc, err, str(bad), needle)
+    # the control: the same hand-written file with the original fields predicts
+    control = _with_extra(glm_model, gpvi.io.load(glm_model, with_extra=True)[1], tmp_path / "ok.gpvi")
+    assert run(capsys, "predict", control, poisson_csv)[0] == 0

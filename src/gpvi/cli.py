@@ -665,9 +665,49 @@ def _load_cli_model(path):
     if not isinstance(obj, gpvi.FitResult) or extra.get("format") != CLI_FORMAT:
         raise UsageError(f"{path} was not written by `gpvi fit` (it has no column information); "
                          "load it in Python with gpvi.io.load")
-    if extra.get("version", 0) > CLI_VERSION:
-        raise UsageError(f"{path} was written by a newer gpvi; upgrade gpvi")
+    _check_cli_extra(extra, obj, path)
     return obj, extra
+
+
+def _check_cli_extra(extra: dict, fit, path):
+    """Check the column information ``gpvi fit`` stored (types, lengths, finiteness, agreement
+    with the model's inputs) before ``predict`` uses any of it: a crafted file must be one line,
+    not a ``TypeError`` from comparing a string version or a ``KeyError`` from a missing field."""
+    def damaged(what):
+        return UsageError(f"{path} is a damaged gpvi model file: {what}")
+
+    def number(v, positive=False):
+        return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                and (v > 0 or not positive))
+
+    version = extra.get("version")
+    if type(version) is not int or version < 1:
+        raise damaged(f"its command-line format version must be a positive integer, got {version!r}")
+    if version > CLI_VERSION:
+        raise UsageError(f"{path} was written by a newer gpvi; upgrade gpvi")
+    feats = extra.get("features")
+    if not isinstance(feats, list) or not feats or not all(isinstance(c, str) for c in feats):
+        raise damaged("'features' must be a non-empty list of column names")
+    for key, positive in (("x_mean", False), ("x_scale", True)):
+        vals = extra.get(key)
+        if not (isinstance(vals, list) and len(vals) == len(feats) and all(number(v, positive) for v in vals)):
+            raise damaged(f"{key!r} must hold {len(feats)} finite numbers" + (" > 0" if positive else ""))
+    if not (number(extra.get("y_mean")) and number(extra.get("y_scale"), True)
+            and number(extra.get("latent_offset", 0.0))):
+        raise damaged("'y_mean', 'y_scale' (> 0) and 'latent_offset' must be finite numbers")
+    if not isinstance(extra.get("intercept"), bool):
+        raise damaged("'intercept' must be true or false")
+    if extra.get("model") not in ("sparse", "full", "glm") or extra.get("likelihood") not in LIKELIHOODS:
+        raise damaged(f"unknown model {extra.get('model')!r} or likelihood {extra.get('likelihood')!r}")
+    if not isinstance(extra.get("target"), str) or not isinstance(extra.get("exposure"), (str, type(None))):
+        raise damaged("'target' must be a column name and 'exposure' a column name or null")
+    labels = extra.get("labels")
+    if labels is not None and not (isinstance(labels, list) and labels
+                                   and all(isinstance(v, (str, int, float)) for v in labels)):
+        raise damaged("'labels' must be null or a non-empty list of labels")
+    if fit.input_dim is not None and fit.input_dim != len(feats) + extra["intercept"]:
+        raise damaged(f"the model takes {fit.input_dim} inputs but the file names {len(feats)} feature column(s)"
+                      + (" and an intercept" if extra["intercept"] else ""))
 
 
 def _design(table, extra, model_path):
