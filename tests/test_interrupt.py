@@ -13,8 +13,8 @@ and re-delivers an interrupt that Python swallowed in a garbage-collector callba
 The command runs in a child process exactly as the ``gpvi`` script runs it (``from gpvi.cli
 import main; sys.exit(main())``), with one line ``gpvi-ready`` on stderr once ``gpvi.cli`` is
 imported: the interrupts are timed from there.  An interrupt during the import itself (about a
-second, importing JAX, before any code of gpvi.cli runs) is outside the command's reach: Python's
-default applies (a traceback and death by SIGINT).
+second, importing JAX, before any code of gpvi.cli runs) is caught by the command's entry point,
+``_gpvi_cli``, which needs only the standard library (tested on the installed script).
 """
 import os
 import signal
@@ -265,3 +265,24 @@ def test_twenty_interrupts_at_random_moments(counts_csv, tmp_path):
     print(f"\n{interrupted}/20 runs interrupted (exit 130), the rest finished first; uninterrupted run "
           f"{duration:.1f} s after import; total {time.monotonic() - t0:.0f} s; {summary}")
     assert interrupted >= 14, results
+
+
+@pytest.mark.parametrize("delay", [0.15, 0.3])
+def test_interrupt_while_gpvi_is_imported_exits_130(tmp_path, delay):
+    """The installed ``gpvi`` command (entry point ``_gpvi_cli``, standard library only) handles
+    SIGINT before it imports gpvi and JAX (over a second): it printed Python's traceback and
+    died of the signal (exit −2) when interrupted then."""
+    import shutil
+    from pathlib import Path
+
+    exe = shutil.which("gpvi", path=str(Path(sys.executable).parent)) or shutil.which("gpvi")
+    assert exe, "the `gpvi` command is not installed: pip install -e ."
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.Popen([exe, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    if proc.returncode == 0 and "usage: gpvi" in out:
+        pytest.skip(f"the command finished within {delay} s, before the interrupt")
+    assert (proc.returncode, err) == (130, "gpvi: interrupted\n")
