@@ -278,8 +278,9 @@ def test_interrupt_while_gpvi_is_imported_exits_130(tmp_path, delay):
     exe = shutil.which("gpvi", path=str(Path(sys.executable).parent)) or shutil.which("gpvi")
     assert exe, "the `gpvi` command is not installed: pip install -e ."
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([exe, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # (the test process does not ignore SIGINT, so neither does the child: no preexec_fn, which
+    # would fork a multithreaded JAX process)
+    proc = subprocess.Popen([exe, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
