@@ -107,6 +107,7 @@ sys.exit(main())
 """
 
 
+@pytest.mark.slow  # a child process compiling without the tests' cache: kept out of the quick subset
 def test_interrupt_while_xla_compiles_exits_130_not_sigsegv(tmp_path):
     """The crash of issue 21, made deterministic: SIGINT while XLA compiles a program (on a thread
     of its own; the main thread's wait for it is interruptible).  Leaving through the normal
@@ -155,6 +156,7 @@ sys.exit(main())
 """
 
 
+@pytest.mark.slow  # a child process compiling without the tests' cache: kept out of the quick subset
 def test_an_interrupt_swallowed_by_a_gc_callback_still_ends_the_command(tmp_path):
     """Python swallows an exception raised in a garbage-collector callback (JAX has one) and prints
     "Exception ignored in …": such an interrupt, 2 in 12 tries at 1.0-1.4 s into the command above,
@@ -187,6 +189,7 @@ sys.exit(main())
 """
 
 
+@pytest.mark.slow  # a child process compiling without the tests' cache: kept out of the quick subset
 def test_interrupt_as_the_model_file_is_created_leaves_no_temporary_file(tmp_path):
     """An interrupt just after the atomic write's temporary file is created (inside
     ``tempfile.mkstemp``, before the write's clean-up covered it, 1 in 60 tries with SIGINT sent
