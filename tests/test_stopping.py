@@ -161,9 +161,16 @@ def test_fpi_certifies_a_flat_bound_with_huge_counts():
     res = gpvi.fit(model, X, y, learn_hyperparameters=True)
     assert _certified(res), res.message
     assert res.iterations < 50 and res.backtracks < 500
-    grad = gpvi.fit(res.model, X, y, engine="gradient", init=res.state)
-    assert _certified(grad), grad.message
-    assert abs(grad.vlb - res.vlb) <= 1e-6 * abs(res.vlb)
+    # The same optimum as fpb from the prior, and as the gradient engine started from a slightly
+    # perturbed optimum (from the prior L-BFGS is still 437 nats short after 500 iterations here,
+    # and says so: converged=False).
+    fpb = gpvi.fit(res.model, X, y, engine="fpb")
+    assert _certified(fpb) and abs(fpb.vlb - res.vlb) <= 1e-9 * abs(res.vlb)
+    m = np.asarray(res.state.mean)
+    start = State(m + 1e-3 * np.random.default_rng(1).standard_normal(m.shape), res.state.chol)
+    grad = gpvi.fit(res.model, X, y, engine="gradient", init=start)
+    assert grad.vlb <= res.vlb + 1e-9 * abs(res.vlb)
+    assert res.vlb - grad.vlb <= 1e-6 * abs(res.vlb)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
