@@ -281,9 +281,13 @@ def test_interrupt_while_gpvi_is_imported_exits_130(tmp_path, delay):
     exe = shutil.which("gpvi", path=str(Path(sys.executable).parent)) or shutil.which("gpvi")
     assert exe, "the `gpvi` command is not installed: pip install -e ."
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    # (the test process does not ignore SIGINT, so neither does the child: no preexec_fn, which
-    # would fork a multithreaded JAX process)
-    proc = subprocess.Popen([exe, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # The script runs with SIGINT at its default disposition, as from a terminal: a suite started
+    # in the background by a non-interactive shell has SIGINT ignored, which the child would
+    # inherit (and then, like Python, keep).  A small exec-ing launcher resets it: SIG_DFL
+    # survives exec, and unlike preexec_fn it does not fork the multithreaded test process.
+    launcher = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    proc = subprocess.Popen([sys.executable, "-c", launcher, exe, "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
