@@ -67,6 +67,17 @@ def finish(proc, timeout=120):
     return proc.returncode, out, err
 
 
+def spawn_driver(driver, tmp_path, *options, out=None):
+    """Start ``gpvi fit`` on a 40-row count CSV through ``driver`` (code run with ``python -c``);
+    returns the process, its stdout and stderr piped."""
+    csv = tmp_path / "d.csv"
+    csv.write_text("x,count\n" + "".join(f"{i / 10},{i % 4}\n" for i in range(40)))
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.Popen([sys.executable, "-c", driver, "fit", str(csv), "-t", "count", "-l", "poisson", *options,
+                             "-o", str(out or tmp_path / "m.gpvi")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
 def leftovers(folder):
     """Temporary files of an atomic write left in ``folder``."""
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
@@ -114,12 +125,7 @@ def test_interrupt_while_xla_compiles_exits_130_not_sigsegv(tmp_path):
     of its own; the main thread's wait for it is interruptible).  Leaving through the normal
     interpreter exit destroyed the XLA client under the compiling thread: SIGSEGV (exit -11) after
     `gpvi: interrupted`, 3 times in 3.  It must exit 130 with the one line."""
-    csv = tmp_path / "d.csv"
-    csv.write_text("x,count\n" + "".join(f"{i / 10},{i % 4}\n" for i in range(40)))
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([sys.executable, "-c", LONG_COMPILE_DRIVER, "fit", str(csv), "-t", "count", "-l",
-                             "poisson", "-o", str(tmp_path / "m.gpvi")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = spawn_driver(LONG_COMPILE_DRIVER, tmp_path)
     assert proc.stderr.readline() == "compiling\n"
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
@@ -163,12 +169,8 @@ def test_an_interrupt_swallowed_by_a_gc_callback_still_ends_the_command(tmp_path
     "Exception ignored in …": such an interrupt, 2 in 12 tries at 1.0-1.4 s into the command above,
     let it run on to exit 0 with a traceback on stderr.  It must still end it, with exit 130 and
     the one line."""
-    csv = tmp_path / "d.csv"
-    csv.write_text("x,count\n" + "".join(f"{i / 10},{i % 4}\n" for i in range(40)))
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SWALLOWING_DRIVER, "fit", str(csv), "-t", "count", "-l", "poisson",
-                           "-o", str(tmp_path / "m.gpvi")], capture_output=True, text=True, env=env, timeout=120)
-    assert (proc.returncode, proc.stderr) == (130, "gpvi: interrupted\n")
+    rc, _, stderr = finish(spawn_driver(SWALLOWING_DRIVER, tmp_path))
+    assert (rc, stderr) == (130, "gpvi: interrupted\n")
 
 
 STRAY_TEMPORARY_DRIVER = FOREGROUND + """
@@ -196,15 +198,10 @@ def test_interrupt_as_the_model_file_is_created_leaves_no_temporary_file(tmp_pat
     ``tempfile.mkstemp``, before the write's clean-up covered it, 1 in 60 tries with SIGINT sent
     as the file appeared) left ``.m.gpvi.XXXXXXXX.tmp`` behind.  The previous model stays, and no
     litter."""
-    csv = tmp_path / "d.csv"
-    csv.write_text("x,count\n" + "".join(f"{i / 10},{i % 4}\n" for i in range(40)))
     out = tmp_path / "m.gpvi"
     out.write_bytes(b"previous model")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", STRAY_TEMPORARY_DRIVER, "fit", str(csv), "-t", "count", "-l",
-                           "poisson", "-m", "glm", "--no-learn", "-o", str(out)],
-                          capture_output=True, text=True, env=env, timeout=120)
-    assert (proc.returncode, proc.stderr) == (130, "gpvi: interrupted\n")
+    rc, _, stderr = finish(spawn_driver(STRAY_TEMPORARY_DRIVER, tmp_path, "-m", "glm", "--no-learn", out=out))
+    assert (rc, stderr) == (130, "gpvi: interrupted\n")
     assert out.read_bytes() == b"previous model"
     assert leftovers(tmp_path) == []
 

@@ -17,6 +17,8 @@ iteration of the switch (absent when there was none).
 """
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from ..objective import Objective, State
@@ -46,7 +48,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     if not np.isfinite(float(sums.vlb)):
         return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state",
                             clock.trace, evaluations=objective.num_evaluations)
-    damped_run, window = 0, []  # consecutive damped iterations; the VLB at their starts
+    damped_run, window = 0, deque(maxlen=STALL_WINDOW)  # consecutive damped iterations; VLB at their starts
     for it in range(1, max_iter + 1):
         thr = gap_threshold(sums.vlb, tol, tol_nats)
         backtracks_before = guard.backtracks + cov_guard.backtracks
@@ -70,11 +72,12 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             damped_run += 1
             window.append(float(sums.vlb))
         else:
-            damped_run, window = 0, []
+            damped_run = 0
+            window.clear()
         state, sums, _ = out
         clock.tick(sums.vlb, it)
         if damped_run >= STALL_WINDOW:
-            gain = float(sums.vlb) - window[-STALL_WINDOW]
+            gain = float(sums.vlb) - window[0]
             gap = float(estimated_gap(state, sums.grad, sums.S)[0])
             if gain < 0.5 * gap:
                 message = _stall_message(gain, gap, sums)
