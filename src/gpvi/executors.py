@@ -33,7 +33,7 @@ import numpy as np
 
 from .objective import (DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Chunks, Objective, Sums, _expected_pass, _pass,
                         add_partials, expected_in_hyperparameters, finish_sums, num_blocks, split_rows)
-from .sources import ArraySource, Source
+from .sources import Source
 
 __all__ = ["InProcess", "DaskExecutor", "BlockObjective", "resolve_executor", "block_layout"]
 
@@ -191,6 +191,13 @@ class _InProcessPlan:
         self.cache.clear()
 
 
+_RETRYABLE = {"FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError"}
+
+
+def _identity(x):
+    return x
+
+
 def _dask_load(source, j, layout, likelihood):
     return load_block(source, j, layout, likelihood)
 
@@ -225,13 +232,17 @@ class DaskExecutor:
 class _DaskPlan:
     def __init__(self, ex, source, layout, likelihood):
         self.ex, self.source = ex, source
-        client = ex.client
-        [src] = client.scatter([source], broadcast=True, hash=False) if isinstance(source, ArraySource) \
-            else [source]
-        # Reading tasks depend only on the source, so the scheduler can rerun them on another
-        # worker when the one holding a block dies.
-        self.blocks_f = [client.submit(_dask_load, src, j, layout, likelihood, pure=False,
-                                       retries=ex.retries, key=f"gpvi-block-{id(self)}-{j}")
+        self.args = (layout, likelihood)
+        self._load()
+
+    def _load(self):
+        # Nothing is scattered: data a worker holds only because it was scattered there is gone
+        # for good when that worker dies, whereas the result of a task whose inputs are in its
+        # own description is recomputed by the scheduler.  So the source (and, in map, each
+        # pass's arguments) travel inside tasks.
+        client, source = self.ex.client, self.source
+        src = client.submit(_identity, source, pure=False)
+        self.blocks_f = [client.submit(_dask_load, src, j, *self.args, pure=False, retries=self.ex.retries)
                          for j in range(source.num_blocks)]
 
     def configure(self, model, prior, d, blocks):
@@ -240,10 +251,17 @@ class _DaskPlan:
     def map(self, kind, args_for):
         self.source.check_unchanged()
         client = self.ex.client
-        [args] = client.scatter([args_for(False)], broadcast=True, hash=False)
-        futs = [client.submit(_dask_partial, kind, b, args, pure=False, retries=self.ex.retries)
-                for b in self.blocks_f]
-        return client.gather(futs)
+        for attempt in range(self.ex.retries + 1):
+            args = client.submit(_identity, args_for(False), pure=False)
+            futs = [client.submit(_dask_partial, kind, b, args, pure=False, retries=self.ex.retries)
+                    for b in self.blocks_f]
+            try:
+                return client.gather(futs)
+            except Exception as e:  # a lost worker can cancel a pass; rerun it, from re-read blocks if need be
+                if attempt == self.ex.retries or type(e).__name__ not in _RETRYABLE:
+                    raise
+                if any(f.status in ("error", "cancelled", "lost") for f in self.blocks_f):
+                    self._load()
 
     def close(self):
         for f in self.blocks_f:
