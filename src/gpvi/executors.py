@@ -107,8 +107,10 @@ def block_partial(kind, chunks, proj, args):
 
 @partial(jax.jit, static_argnames=("blocks",))
 def _project(model, prior, chunk_X, blocks):
+    pcache = model.pass_cache(prior)
+
     def one(Xc):
-        At, b, c = model.project(prior, Xc)
+        At, b, c = model.project_many(pcache, Xc)
         return split_rows(At, blocks), b, c
     return jax.lax.map(one, chunk_X)
 

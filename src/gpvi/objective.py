@@ -131,6 +131,15 @@ def chunk_projection(model, prior, ch, pr, cached: bool, k: int):
     return split_rows(At, k), b, c
 
 
+def pass_projection(model, pcache, ch, pr, cached: bool, k: int):
+    """As :func:`chunk_projection`, from ``pcache = model.pass_cache(prior)`` prepared once per
+    pass (see :meth:`gpvi.models.Model.project_many`)."""
+    if cached:
+        return pr
+    At, b, c = model.project_many(pcache, ch.X)
+    return split_rows(At, k), b, c
+
+
 def block_matvec(blocks, r):
     """``A r`` (d,) for A given as row blocks and r (n,)."""
     return jnp.concatenate([a @ r for a in blocks]) if len(blocks) > 1 else blocks[0] @ r
@@ -225,11 +234,12 @@ def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
     lik = model.likelihood
     d = state.mean.shape[0]
     W = _stacked(state)
+    pcache = None if cached else model.pass_cache(prior)
 
     def body(carry, xs):
         sE, g, S = carry
         ch, pr = xs
-        A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
+        A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
         m, v = _marginals_stacked(A, b, c, ch.offset, W)
         E, rho, lam = lik.variational_moments(ch.y, m, v)
         keep = ch.mask > 0
@@ -285,10 +295,11 @@ def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
     """``Σ E_i`` over ``chunks`` (no derivatives): the partial sum behind :meth:`Objective.vlb`."""
     lik = model.likelihood
     W = _stacked(state)
+    pcache = None if cached else model.pass_cache(prior)
 
     def body(sE, xs):
         ch, pr = xs
-        A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
+        A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
         m, v = _marginals_stacked(A, b, c, ch.offset, W)
         E = lik.expected_log_prob(ch.y, m, v)
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
@@ -315,8 +326,10 @@ def _setup(model, X, chunk_X, cached, blocks):
     prior = model.prior_cache(X)
     finite = _all_finite(prior)
     if cached:
+        pcache = model.pass_cache(prior)
+
         def one(Xc):
-            At, b, c = model.project(prior, Xc)
+            At, b, c = model.project_many(pcache, Xc)
             return split_rows(At, blocks), b, c
         return prior, finite, jax.lax.map(one, chunk_X)
     return prior, finite, jnp.zeros(chunk_X.shape[:1] + (0,))
@@ -381,10 +394,11 @@ def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: Stat
     gradient takes O(chunk·d + d²) memory like the forward pass."""
     lik = model.likelihood
     W = _stacked(state)
+    pcache = model.pass_cache(prior)
 
     @jax.checkpoint
     def chunk_E(ch):
-        A, b, c = chunk_projection(model, prior, ch, None, False, blocks)
+        A, b, c = pass_projection(model, pcache, ch, None, False, blocks)
         m, v = _marginals_stacked(A, b, c, ch.offset, W)
         return jnp.sum(jnp.where(ch.mask > 0, lik.expected_log_prob(ch.y, m, v), 0.0))
 
