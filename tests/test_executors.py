@@ -194,6 +194,7 @@ def test_dask_equals_in_memory(client, family, kind, rng):
     _same_fit(r, ref, X[:7] + 0.1)
 
 
+@pytest.mark.slow
 def test_dask_hyperparameters_and_killed_worker(client, rng):
     """Learning hyperparameters on the cluster equals the in-memory fit; then the same fit with
     a worker process killed (SIGKILL) during the third pass: the scheduler re-reads the blocks
@@ -221,3 +222,32 @@ def test_dask_hyperparameters_and_killed_worker(client, rng):
     assert set(client.run(os.getpid)) != before or victim not in client.run(os.getpid).values()
     assert hurt.vlb == calm.vlb
     np.testing.assert_array_equal(np.asarray(hurt.state.mean), np.asarray(calm.state.mean))
+
+
+@pytest.mark.slow
+def test_blocks_sharded_over_devices():
+    """Two (forced) host devices: blocks alternate between them, and the fit equals the default
+    in-memory one.  (On a machine with GPUs the same code spreads blocks over them.)"""
+    code = r"""
+import jax, numpy as np, gpvi
+from gpvi.executors import InProcess, BlockObjective
+from gpvi.sources import ArraySource
+from test_engines import _problem
+assert len(jax.devices()) == 2
+lik, X, y = _problem("poisson", np.random.default_rng(3), 300)
+model = gpvi.SparseGP(gpvi.kernels.RBF(), lik, inducing=X[:20])
+ref = gpvi.fit(model, X, y, learn_hyperparameters="kernel.lengthscale")
+ex = InProcess(devices=jax.devices())
+r = gpvi.fit(model, ArraySource(X, y, block_rows=64), executor=ex, chunk_size=32,
+             learn_hyperparameters="kernel.lengthscale")
+assert abs(r.vlb - ref.vlb) <= 1e-10 * abs(ref.vlb), (r.vlb, ref.vlb)
+obj = BlockObjective(r.model, ArraySource(X, y, block_rows=64), executor=ex, chunk_size=32)
+obj.sums(r.state)
+placed = {j: next(iter(c.X.devices())) for j, (c, _) in obj.plan.cache.items()}
+assert {d.id for d in placed.values()} == {0, 1} and placed[0] != placed[1], placed
+print("ok")
+"""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__)] + sys.path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

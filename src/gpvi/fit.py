@@ -286,8 +286,10 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         rows, drawn with ``seed``) or an array of row indices; only those rows are used.
     executor : where the data pass runs (:mod:`gpvi.executors`): None (in this process, on
         in-memory chunks: the fastest path for data that fits), ``"local"`` (in this process,
-        block by block, keeping at most ``cache_bytes`` of rows and projections in memory) or a
-        ``dask.distributed.Client`` (blocks kept on the cluster's workers).  ``X`` may also be a
+        block by block, keeping at most ``cache_bytes`` of rows and projections in memory),
+        ``"devices"`` (the same, blocks spread over every JAX device, e.g. several GPUs), an
+        executor from :mod:`gpvi.executors` or a ``dask.distributed.Client`` (blocks kept on the
+        cluster's workers).  ``X`` may also be a
         :class:`gpvi.sources.Source` (``NpySource``, ``ParquetSource``: files read block by block
         in every pass) with ``y=None``.  Every executor gives the same result; engines that keep
         per-row state (``dual``, ``laplace``, ``init="laplace"``) need the default.
