@@ -246,8 +246,20 @@ def large_child(kind, args):
             per[label] = float(np.median(times))
             out[f"{label}_projections_kept"] = bool(obj.cached)
             del obj
+        # The same VLB through a triangular solve per chunk (the projection of predictions and of
+        # releases before the L⁻¹ product): how far the faster path moved the numbers.
+        import jax.numpy as jnp
+
+        from gpvi.models import kl_standard_normal
+        from gpvi.predict import latent_moments
+
+        prior = model.prior_cache(None)
+        m, v = latent_moments(model, prior, st, X, None, 2048)
+        vlbs["triangular_solve"] = float(jnp.sum(model.likelihood.expected_log_prob(jnp.asarray(y), m, v))
+                                         - kl_standard_normal(st.mean, st.chol))
         out.update(N=N, M=args.m, seconds_per_pass=per, ratio=per["uncached"] / per["cached"],
-                   vlb=vlbs, vlb_rel_diff=abs(vlbs["uncached"] - vlbs["cached"]) / abs(vlbs["cached"]))
+                   vlb=vlbs, vlb_rel_diff=abs(vlbs["uncached"] - vlbs["cached"]) / abs(vlbs["cached"]),
+                   vlb_rel_diff_vs_solve=abs(vlbs["uncached"] - vlbs["triangular_solve"]) / abs(vlbs["cached"]))
     else:
         src = ParquetSource(args.parquet, target="y")
         N = src.num_rows
@@ -320,14 +332,16 @@ def large(args):
             runs["dask"] = run_large_child("dask", args, log)
     u, lo, da = runs["uncached"], runs["local"], runs.get("dask")
     print()
-    C.print_table(["rows", "cached s/pass", "uncached s/pass", "ratio", "VLB rel. diff"],
+    C.print_table(["rows", "cached s/pass", "uncached s/pass", "ratio", "VLB rel. diff", "vs triangular solve"],
                   [[u["N"], u["seconds_per_pass"]["cached"], u["seconds_per_pass"]["uncached"], u["ratio"],
-                    u["vlb_rel_diff"]]], title=f"one data pass, M={args.m}: projections kept vs recomputed")
+                    u["vlb_rel_diff"], u["vlb_rel_diff_vs_solve"]]],
+                  title=f"one data pass, M={args.m}: projections kept vs recomputed")
     rows = [[k, r["N"], r["fit_seconds"], r["passes"], r["seconds_per_pass"], r["converged"], r["vlb"], r["peak_rss_mb"],
              ", ".join(f"{x:.0f}" for x in r.get("worker_peak_rss_mb", []))] for k, r in runs.items() if k != "uncached"]
     C.print_table(["executor", "rows", "fit s", "passes", "s/pass", "conv", "VLB", "peak RSS MiB", "workers' peak MiB"],
                   rows, title=f"Poisson sparse GP from Parquet, M={args.m}, D={args.d}, fpi, fixed hyperparameters")
-    checks = {"uncached_within_1.5x": u["ratio"] <= 1.5, "uncached_vlb_within_1e-8": u["vlb_rel_diff"] <= 1e-8,
+    checks = {"uncached_within_1.5x": u["ratio"] <= 1.5,
+              "vlb_within_1e-8_of_triangular_solve": max(u["vlb_rel_diff"], u["vlb_rel_diff_vs_solve"]) <= 1e-8,
               "local_peak_rss_below_1.5GiB": lo["peak_rss_mb"] < 1.5 * 1024}
     estimate = None
     if da is not None:
