@@ -469,7 +469,32 @@ class IteratorStream(Stream):
         return iter(it)
 
     def _blocks(self, epoch, rng):
+        replay, self._replay = getattr(self, "_replay", None), None
+        if replay is not None:
+            # head() took these batches from a one-shot iterator: hand them on first
+            blocks, it = replay
+            yield from blocks
+            yield from it
+            return
         yield from self._iterate()
+
+    def head(self, rows):
+        src = self.source
+        if callable(src) or iter(src) is not src or self._used:
+            return super().head(rows)
+        # a one-shot iterator: keep what is read here for the first epoch
+        it = self._iterate()
+        blocks, n = [], 0
+        for raw in it:
+            blocks.append(raw)
+            n += np.shape(raw[0])[0]
+            if n >= rows:
+                break
+        self._replay = (blocks, it)
+        got = [_check_block(raw, self.num_features, k, 0, self.name) for k, raw in enumerate(blocks)]
+        if not got:
+            raise ValueError(f"{self.name}: the source produced no rows")
+        return tuple(np.concatenate([g[k] for g in got])[:rows] for k in range(3))
 
 
 def from_iterator(source: Iterable | Callable[[], Iterable], num_rows: int | None = None, *,

@@ -232,3 +232,19 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
 
 
 run.learns_hyperparameters = True
+
+
+@jax.jit
+def assumed_density_step(state: State, grad, S):
+    """One online (assumed-density / streaming-VB) update of ``q`` by a batch whose *unscaled*
+    sums at ``state`` are ``grad = Σ_b ρ_i a_i − m`` and ``S = Σ_b λ_i a_i a_iᵀ`` (γ clipped at 0):
+    the current ``q`` plays the prior, so ``Λ' = V⁻¹ − S`` and ``h' = Λ' m + Σ_b ρ_i a_i``, i.e.
+    ``m' = m + Λ'⁻¹ (grad + m)``.  For a Gaussian likelihood and fixed hyperparameters the
+    result after all batches is the exact full-data posterior (Titsias' optimum), whatever the
+    batches; otherwise each batch is linearised at the ``q`` it found (Broderick et al. 2013)."""
+    from ._common import _flip, _reversed_chol
+
+    Linv = tri_inv(state.chol)
+    R = _reversed_chol(Linv.T @ Linv - S)
+    mean = state.mean + jax.scipy.linalg.cho_solve((R, True), (grad + state.mean)[::-1])[::-1]
+    return State(mean, _flip(tri_inv(R).T))
