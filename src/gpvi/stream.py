@@ -527,3 +527,34 @@ def as_stream(data, y=None, offset=None, **kw) -> Stream:
     if y is None:
         return from_iterator(data, **kw)
     return from_arrays(data, y, offset)
+
+
+class MappedStream(Stream):
+    """``source`` with ``fn(X, y, offset) -> (X, y, offset)`` applied to every raw block (e.g.
+    standardisation); see :meth:`Stream.map`."""
+
+    def __init__(self, source: Stream, fn):
+        self.source, self.fn = source, fn
+        self.name = source.name
+        self.num_rows, self.num_features = source.num_rows, source.num_features
+        self.buffer_rows = source.buffer_rows
+
+    def _blocks(self, epoch, rng):
+        for raw in self.source._blocks(epoch, rng):
+            X, y = raw[0], raw[1]
+            off = raw[2] if len(raw) > 2 and raw[2] is not None else np.zeros(np.shape(y)[:1])
+            yield self.fn(np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.float64),
+                          np.asarray(off, dtype=np.float64))
+
+    def count_rows(self):
+        self.num_rows = self.source.count_rows()
+        return self.num_rows
+
+
+def _map(self, fn) -> MappedStream:
+    """This stream with ``fn(X, y, offset) -> (X, y, offset)`` applied to every block of rows
+    as it is read (NumPy; e.g. standardisation or ``log`` of an exposure column)."""
+    return MappedStream(self, fn)
+
+
+Stream.map = _map
