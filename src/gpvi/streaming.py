@@ -80,6 +80,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
     N = stream.count_rows()
     options = dict(engine_options or {})
     bad = sorted(set(options) & {"source", "model", "hyperparameters", "on_batch", "batch_size", "epochs", "seed"})
+    # (on_epoch, e.g. for checkpoints or test metrics per epoch, passes through engine_options)
     if bad:
         raise ValueError(f"engine_options {bad} are fit_stream arguments")
     if isinstance(init_rows, bool) or not isinstance(init_rows, (int, np.integer)) or init_rows < 1:

@@ -156,7 +156,7 @@ def finish(objective, model, state, vlb_est, steps, epochs_done, B, clock, tol, 
 
 
 def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, objective, clock,
-          step, current, likelihood, tol, tol_nats, extras, message, on_batch=None):
+          step, current, likelihood, tol, tol_nats, extras, message, on_batch=None, on_epoch=None):
     """Run ``step`` over the minibatches of ``epochs`` passes over ``stream`` and return the
     :class:`EngineResult` (see :func:`finish`).
 
@@ -168,7 +168,9 @@ def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, ob
     off the clock, when the data are in memory (``objective``); a stream alone records the mean
     minibatch estimate of each epoch.  Ctrl-C stops the run at the last completed step;
     a stream that fails raises :class:`StreamError` carrying the result at that step.
-    ``on_batch(epoch, steps, rows_done, seconds)`` is called after every step (progress).
+    ``on_batch(epoch, steps, rows_done, seconds)`` is called after every step (progress) and
+    ``on_epoch(epoch, model, state)`` after every complete epoch (checkpoints, test metrics; off
+    the clock).
     """
     validate = not getattr(stream, "validated", False)
     N = stream.count_rows()
@@ -214,6 +216,8 @@ def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, ob
                     raise _Stop
             if eval_every is None:
                 record()
+            if on_epoch is not None:
+                clock.off_clock(on_epoch, epoch, *current())
     except _Stop:
         pass
     except KeyboardInterrupt:

@@ -145,7 +145,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         max_iter: int = 500, callback=None, batch_size: int | None = None, schedule="paper", epochs: int = 2,
         seed: int = 0, eval_every: int | None = None, max_steps: int | None = None,
         hyper_rate: float = 0.01, hyper_decay: bool = False, hyperparameters=None, model=None, source=None,
-        on_batch=None):
+        on_batch=None, on_epoch=None):
     """Run SFP from ``state``; returns an :class:`~gpvi.engines._common.EngineResult`.
 
     Parameters
@@ -163,7 +163,8 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         returned in ``extras["model"]``).
     source, model : a :class:`gpvi.stream.Stream` and the model, to stream without an
         in-memory objective (:func:`gpvi.fit_stream`).
-    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress).
+    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress);
+        on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
     """
     sched = _check_schedule(schedule)
     epochs = check_positive_int("epochs", epochs)
@@ -223,7 +224,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
                 eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
                 likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
                 extras={"schedule": schedule if isinstance(schedule, (str, numbers.Real)) else "callable"},
-                message="sfp", on_batch=on_batch)
+                message="sfp", on_batch=on_batch, on_epoch=on_epoch)
     res.clipped = box["clipped"]
     res.extras["last_gamma"] = box["gammas"][-1] if box["gammas"] else float("nan")
     if names:

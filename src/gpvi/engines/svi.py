@@ -57,7 +57,8 @@ def _step(params, opt_state, model, names, batch, scale, prior, opt, blocks):
 def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
         max_iter: int = 500, callback=None, batch_size: int | None = None, learning_rate: float | None = None,
         epochs: int = 10, seed: int = 0, optimizer: str = "adadelta", eval_every: int | None = None,
-        max_steps: int | None = None, hyperparameters=None, model=None, source=None, on_batch=None):
+        max_steps: int | None = None, hyperparameters=None, model=None, source=None, on_batch=None,
+        on_epoch=None):
     """Run SVI from ``state``; returns an :class:`~gpvi.engines._common.EngineResult`.
 
     Parameters
@@ -78,7 +79,8 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         ``extras["model"]``.
     source, model : a :class:`gpvi.stream.Stream` and the model, for streaming without an
         in-memory objective (:func:`gpvi.fit_stream`).
-    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress).
+    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress);
+        on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
 
     A minibatch step that would make (m, L, θ) non-finite is not taken and the run stops.
     """
@@ -121,7 +123,8 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     res = drive(stream=stream, batch_size=B, epochs=min(epochs, int(max_iter)), seed=seed, max_steps=max_steps,
                 eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
                 likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
-                extras={"optimizer": optimizer, "learning_rate": rate}, message="svi", on_batch=on_batch)
+                extras={"optimizer": optimizer, "learning_rate": rate}, message="svi", on_batch=on_batch,
+                on_epoch=on_epoch)
     if names:
         res.extras["model"] = current()[0]
     return res
