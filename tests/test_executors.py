@@ -141,9 +141,9 @@ def test_bad_input(tmp_path, rng):
         gpvi.fit(model, X, y, executor="dask")
     with pytest.raises(ValueError, match="executor must be"):
         gpvi.fit(model, X, y, executor=3)
-    with pytest.raises(ValueError, match="engine='dual' keeps per-row state"):
+    with pytest.raises(ValueError, match="engine='dual' needs the rows in memory"):
         gpvi.fit(model, X, y, executor="local", engine="dual")
-    with pytest.raises(ValueError, match="init='laplace' keeps per-row state"):
+    with pytest.raises(ValueError, match="init='laplace' needs the rows in memory"):
         gpvi.fit(model, X, y, executor="local", init="laplace")
     with pytest.raises(ValueError, match="y must be None"):
         gpvi.fit(model, ArraySource(X, y), y)
