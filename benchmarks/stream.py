@@ -125,6 +125,9 @@ def run_one(lik, a, workdir, log):
         res = gpvi.fit_stream(model, src, engine="sfp", batch_size=a.batch_size, epochs=a.epochs, seed=a.seed,
                               engine_options={"on_epoch": on_epoch})
     peak_after_stream = C.peak_rss_mb()
+    log(f"{lik}: sfp: {res.message}")
+    if len(per_epoch) < a.epochs:  # stopped early: judge the state it stopped at
+        on_epoch(len(per_epoch), res.model, res.state)
     epoch_s = np.diff(np.concatenate([[0.0], res.trace[:, 0]]))[:a.epochs]
     log(f"{lik}: sfp {a.epochs} epochs in {res.trace[-1, 0]:.1f} s of stepping "
         f"({res.extras['rows_per_second']:.3g} rows/s), peak RSS {peak_after_stream:.0f} MiB")
@@ -148,6 +151,7 @@ def run_one(lik, a, workdir, log):
         "likelihood": lik, "N": a.n, "n_sub": a.n_sub, "M": a.m, "B": a.batch_size, "row_group": a.row_group,
         "generate_s": gen_s, "sfp_epochs": per_epoch, "sfp_epoch_seconds": epoch_s.tolist(),
         "sfp_rows_per_second": res.extras["rows_per_second"], "sfp_steps": res.extras["steps"],
+        "sfp_message": res.message, "sfp_backtracks": res.backtracks,
         "sfp_trace": res.trace, "peak_rss_after_stream_mb": peak_after_stream,
         "fpi_iterations": ref.iterations, "fpi_converged": ref.converged, "fpi_seconds": ref.seconds,
         "fpi_iteration_seconds": fpi_iter_s, "fpi_iteration_at_N_seconds": fpi_iter_at_N,

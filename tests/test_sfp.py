@@ -124,3 +124,16 @@ def test_schedules_and_bad_options(rng):
                         ({"epochs": 0}, "epochs"), ({"hyper_rate": -1.0}, "hyper_rate")):
         with pytest.raises(ValueError, match=match):
             gpvi.fit(model, X, y, engine="sfp", engine_options=opts)
+
+
+def test_learns_hyperparameters_by_adam(rng):
+    """θ by Adam on the minibatch bound inside sfp, through fit(learn_hyperparameters=...): the
+    noise variance moves from 0.5 to near the value fpi's profile search finds."""
+    model, X, y = _problem(rng)
+    model = model.replace(likelihood=L.Gaussian(variance=0.5))
+    ref = gpvi.fit(model, X, y, learn_hyperparameters=["likelihood.variance"])
+    res = gpvi.fit(model, X, y, engine="sfp", learn_hyperparameters=["likelihood.variance"],
+                   engine_options=dict(batch_size=60, epochs=40, hyper_rate=0.05))
+    v, v_ref = float(res.model.likelihood.variance), float(ref.model.likelihood.variance)
+    assert abs(np.log(v / v_ref)) < 0.15, (v, v_ref)
+    assert "jointly" in res.message and res.vlb > ref.vlb - 2.0

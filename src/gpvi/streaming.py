@@ -113,7 +113,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
                          converged=False, message=res.message, trace=res.trace, engine=engine,
                          evaluations=0, seconds=time.perf_counter() - t0,
                          prior=_prior_cache(mdl, jnp.asarray(Xh[:1])), input_dim=stream.num_features,
-                         clipped=res.clipped, extras=dict(res.extras), gap=float("nan"))
+                         backtracks=res.backtracks, clipped=res.clipped, extras=dict(res.extras), gap=float("nan"))
 
     try:
         res = run(None, state, tol=tol, max_iter=max_iter, callback=callback, batch_size=batch_size,
