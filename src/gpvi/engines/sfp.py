@@ -147,6 +147,20 @@ def _batch_bound(model, prior, batch, state, scale, blocks):
     return minibatch_vlb(model, batch, state, scale, blocks, prior=prior)
 
 
+@partial(jax.jit, static_argnames=("blocks", "safeguard"))
+def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard):
+    """The usual step in one compiled call (one host round trip): the scaled sums at ``state``,
+    the factor of ``I − Ŝ``, the proposal at ``gamma`` and, with ``safeguard``, the batch's bound
+    at the proposal; plus whether ``I − Ŝ`` was positive definite and the proposal finite."""
+    sums = minibatch_sums(model, prior, batch, state, scale, blocks)
+    RH = precision_chol(sums.S)
+    new = natural_step(state, sums.grad, RH, gamma)
+    v_new = _batch_bound(model, prior, batch, new, scale, blocks) if safeguard else jnp.zeros(())
+    ok_H = jnp.all(jnp.isfinite(RH))
+    finite = jnp.all(jnp.isfinite(new.mean)) & jnp.all(jnp.isfinite(new.chol))
+    return sums, RH, new, v_new, ok_H, finite
+
+
 # The safeguard halves γ at most this many times per step before giving the step up.
 MAX_HALVINGS = 20
 
@@ -215,7 +229,18 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     def step(chunk, scale, t):
         st, mdl = box["state"], box["model"]
         prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
-        sums = minibatch_sums(mdl, prior, chunk, st, scale, blocks)
+        if not isinstance(sched, AdaptiveSchedule):
+            gamma = _gamma_value(sched(t), t) * box["damp"]
+            sums, RH, new, v_new, ok_H, finite = _fused_step(mdl, prior, chunk, st, scale, gamma, blocks,
+                                                            safeguard)
+            vlb, v_new, ok_H, finite = (float(x) for x in jax.device_get((sums.vlb, v_new, ok_H, finite)))
+            if (ok_H and finite and np.isfinite(vlb)
+                    and (not safeguard or (np.isfinite(v_new) and v_new >= vlb - 1e-10 * abs(vlb)))):
+                box["damp"] = min(1.0, 2.0 * box["damp"])
+                return accept(new, gamma, mdl, chunk, scale, sums)
+        else:
+            sums = minibatch_sums(mdl, prior, chunk, st, scale, blocks)
+        # the slow path: adaptive γ, clipping, or a step the safeguard refused
         if isinstance(sched, AdaptiveSchedule):
             gamma = sched(natural_gradient(st, sums.grad, sums.S))
         else:
@@ -242,6 +267,9 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         else:
             return None
         box["damp"] = min(1.0, 2.0 * box["damp"]) if k == 0 else box["damp"] * 0.5 ** k
+        return accept(new, gamma, mdl, chunk, scale, sums)
+
+    def accept(new, gamma, mdl, chunk, scale, sums):
         if names:
             rate = hyper_rate * (gamma if hyper_decay else 1.0)
             theta, ost, ok = _hyper_step(box["theta"], box["opt_state"], mdl, chunk, new, scale, rate, opt, blocks)
