@@ -38,7 +38,7 @@ import numpy as np
 import optax
 
 from .._module import flatten_params, unflatten_params
-from ..objective import Objective, State, minibatch_sums, minibatch_vlb, num_blocks
+from ..objective import DEFAULT_CHUNK, Objective, State, minibatch_projection, minibatch_sums, minibatch_vlb, num_blocks
 from ._common import natural_step, precision_chol, tri_inv
 from ._stochastic import (DEFAULT_BATCH, EpochClock, check_model, check_positive_float, check_positive_int,
                           drive, objective_stream)
@@ -152,10 +152,12 @@ def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard):
     """The usual step in one compiled call (one host round trip): the scaled sums at ``state``,
     the factor of ``I − Ŝ``, the proposal at ``gamma`` and, with ``safeguard``, the batch's bound
     at the proposal; plus whether ``I − Ŝ`` was positive definite and the proposal finite."""
-    sums = minibatch_sums(model, prior, batch, state, scale, blocks)
+    # a batch of one chunk shares its projections between both states (one kernel pass)
+    proj = minibatch_projection(model, prior, batch, blocks) if batch.mask.shape[0] <= DEFAULT_CHUNK else None
+    sums = minibatch_sums(model, prior, batch, state, scale, blocks, proj=proj)
     RH = precision_chol(sums.S)
     new = natural_step(state, sums.grad, RH, gamma)
-    v_new = _batch_bound(model, prior, batch, new, scale, blocks) if safeguard else jnp.zeros(())
+    v_new = minibatch_vlb(model, batch, new, scale, blocks, proj=proj) if safeguard else jnp.zeros(())
     ok_H = jnp.all(jnp.isfinite(RH))
     finite = jnp.all(jnp.isfinite(new.mean)) & jnp.all(jnp.isfinite(new.chol))
     return sums, RH, new, v_new, ok_H, finite
