@@ -40,7 +40,7 @@ def _stream_progress(total_rows):
 
 
 def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size: int | None = None,
-               epochs: int = 2, learn_hyperparameters=False, learn_inducing: bool = False,
+               epochs: int | None = 2, learn_hyperparameters=False, learn_inducing: bool = False,
                init: State | None = None, init_rows: int = 100_000, seed: int = 0, tol: float = 1e-6,
                max_iter: int = 500, progress: bool = False, callback=None,
                engine_options: dict | None = None) -> FitResult:
@@ -103,7 +103,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
         unknown = set(names) - set(model.transforms())
         if unknown:
             raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}")
-    bar = _stream_progress(N * epochs) if progress else None
+    bar = _stream_progress(N * epochs if epochs else None) if progress else None
     release = _BLAS_LIMIT.acquire()
     run = ENGINES[engine]
 

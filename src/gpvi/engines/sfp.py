@@ -168,7 +168,7 @@ MAX_HALVINGS = 20
 
 
 def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, callback=None, batch_size: int | None = None, schedule="paper", epochs: int = 2,
+        max_iter: int = 500, callback=None, batch_size: int | None = None, schedule="paper", epochs: int | None = None,
         seed: int = 0, eval_every: int | None = None, max_steps: int | None = None,
         hyper_rate: float = 0.01, hyper_decay: bool = False, safeguard: bool = True, hyperparameters=None,
         model=None, source=None,
@@ -182,7 +182,8 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     batch_size : rows per minibatch B (default min(N, 1024)).
     schedule : ``"paper"`` (default), ``"adaptive"``, a constant in (0, 1] or ``t -> γ_t``.
     epochs : passes over the data (capped by ``max_iter``: an iteration of a stochastic
-        engine is one epoch).
+        engine is one epoch); default 2, or as many as make 50 minibatch steps when the data
+        are small.
     seed : seed of the per-epoch shuffles.  eval_every : full-data VLB for the trace every
         this many steps (default: after each epoch).  max_steps : stop after this many steps.
     hyper_rate, hyper_decay : Adam's rate for the hyperparameters (× γ_t when ``hyper_decay``).
@@ -201,7 +202,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
     """
     sched = _check_schedule(schedule)
-    epochs = check_positive_int("epochs", epochs)
+    epochs = check_positive_int("epochs", epochs, allow_none=True)
     eval_every = check_positive_int("eval_every", eval_every, allow_none=True)
     max_steps = check_positive_int("max_steps", max_steps, allow_none=True)
     hyper_rate = check_positive_float("hyper_rate", hyper_rate)
@@ -217,6 +218,8 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     B = min(N, DEFAULT_BATCH) if batch_size is None else check_positive_int("batch_size", batch_size)
     if B > N:
         raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
+    if epochs is None:
+        epochs = max(2, -(-50 * B // N))
     names = list(hyperparameters or ())
     blocks = num_blocks(state.mean.shape[0])
     opt = optax.scale_by_adam()
