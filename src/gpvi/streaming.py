@@ -17,7 +17,7 @@ from .models import Model, _check_X
 from .objective import Chunks, State, minibatch_sums, num_blocks, prior_state
 from .stream import Stream, as_stream
 
-__all__ = ["fit_stream", "update", "STREAM_ENGINES"]
+__all__ = ["fit_stream", "update", "as_sparse", "STREAM_ENGINES"]
 
 STREAM_ENGINES = ("sfp", "svi")
 
@@ -128,6 +128,22 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
         if bar is not None:
             bar.close()
     return result(res)
+
+
+def as_sparse(fit: FitResult) -> FitResult:
+    """A full-GP fit as the same posterior of a sparse GP whose inducing inputs are the training
+    inputs (the whitened state carries over: both whiten by the Cholesky factor of K(X, X) with
+    the same jitter); other fits unchanged."""
+    import dataclasses
+
+    from .models import GP, SparseGP
+
+    if not isinstance(fit.model, GP):
+        return fit
+    m = fit.model
+    Z = np.asarray(fit.prior[0])
+    sparse = SparseGP(m.kernel, m.likelihood, inducing=Z, mean=m.mean, jitter=m.jitter)
+    return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, jnp.asarray(Z)))
 
 
 def update(fit: FitResult, X, y, offset=None, *, batch_size: int = 4096) -> FitResult:
