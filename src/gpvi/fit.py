@@ -154,7 +154,7 @@ def _check_offset(offset, N, name="offset"):
 def learnable_parameters(model: Model, learn_inducing: bool = False) -> list[str]:
     """Dotted names of the parameters :func:`fit` learns by default."""
     return [n for n, t in model.transforms().items()
-            if t != "fixed" and (learn_inducing or n != "inducing")]
+            if t != "fixed" and (learn_inducing or n not in ("inducing", "kernel.inducing_lengthscale"))]
 
 
 def _progress_callback(progress, engine):
@@ -347,6 +347,11 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         raise ValueError(f"X has {X.shape[1]} columns but the model's inputs have {D}")
 
     run = ENGINES[engine]
+    # Engines that learn θ and Z themselves (ivsgpr) return the learned model in extras.
+    self_learning = getattr(run, "learns_hyperparameters", False)
+    if self_learning and learn_hyperparameters:
+        raise ValueError(f"engine {engine!r} learns the hyperparameters and inducing inputs itself (see its "
+                         "engine_options); leave learn_hyperparameters False")
     prog = _progress_callback(progress, engine)
     t_offset = [0.0]
 
@@ -393,6 +398,8 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     state = prior_state(d) if init in (None, "prior") else init
     try:
         obj, res, trace = infer(model, state, tol, obj=obj)
+        if self_learning:
+            model, obj = res.extras.pop("model"), res.extras.pop("objective")
         traces = [trace]
         rounds = 0
         counts = [res.backtracks, res.cycles, res.evaluations, res.clipped]

@@ -7,12 +7,14 @@
 ``gradient``   L-BFGS on (m, chol V) jointly
 ``laplace``    Laplace approx.: Newton on the mode, V = (−∇²Ψ)⁻¹ (not a VLB maximiser)
 ``dual``       L-BFGS-B on the dual (Khan et al. 2013; Gaussian, Poisson, Bernoulli only)
+``ivsgpr``     minibatch stochastic mirror ascent learning θ and Z online (Cheng & Boots 2016;
+               sparse GP, Gaussian likelihood)
 =============  ==================================================================
 """
-from . import dual, fpb, fpi, gradient, laplace
+from . import dual, fpb, fpi, gradient, ivsgpr, laplace
 from ._common import EngineResult
 
 ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run, "laplace": laplace.run,
-           "dual": dual.run}
+           "dual": dual.run, "ivsgpr": ivsgpr.run}
 
 __all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient", "laplace"]
