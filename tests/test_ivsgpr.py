@@ -282,6 +282,7 @@ def test_streaming_run_learns():
     svi = gpvi.fit(m, X, y, engine="ivsgpr", max_iter=20, engine_options=dict(batch_size=40, subproblem_evals=0))
     iv5 = gpvi.fit(m, X, y, engine="ivsgpr", max_iter=20, engine_options=dict(batch_size=40, subproblem_evals=5))
     assert len(iv5.trace) == 21 and np.all(np.isfinite(iv5.trace))
+    assert iv5.extras["subproblem_evaluations"] == [5] * 20  # the budget is a hard bound
     assert iv5.vlb > start and iv5.vlb > svi.vlb
     assert svi.vlb <= start + 1e-9  # θ, Z fixed: nothing beats the Titsias optimum
 

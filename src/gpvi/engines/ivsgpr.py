@@ -298,15 +298,24 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
                         evaluations=objective.num_evaluations + final.num_evaluations, extras=extras)
 
 
+class _BudgetSpent(Exception):
+    """The subproblem's evaluation budget is used up (ends the L-BFGS-B run)."""
+
+
 def _solve_subproblem(model, names, prev, Xb, yb, ob, scale, gamma, evals, ada_max_evals):
-    """L-BFGS-B on the collapsed subproblem in the named parameters from the current ones;
-    returns the model at the best point evaluated and the number of evaluations."""
+    """L-BFGS-B on the collapsed subproblem in the named parameters from the current ones, with
+    at most ``evals`` (or ``ada_max_evals``) evaluations; returns the model at the best point
+    evaluated and the number of evaluations."""
     theta0 = flatten_params(model, names)
     x0, unravel = jax.flatten_util.ravel_pytree(theta0)
     best = {"f": np.inf, "x": None}
     count = [0]
+    budget = ada_max_evals if evals == "ada" else int(evals)
 
     def fun(x):
+        if count[0] >= budget:
+            # L-BFGS-B checks maxfun only between iterations; a line search could overrun it
+            raise _BudgetSpent
         count[0] += 1
         f, g = _neg_collapsed_and_grad(unravel(jnp.asarray(x)), model, prev, Xb, yb, ob, scale, gamma)
         f = float(f)
@@ -321,7 +330,10 @@ def _solve_subproblem(model, names, prev, Xb, yb, ob, scale, gamma, evals, ada_m
         opts = dict(maxfun=ada_max_evals, maxiter=ada_max_evals, ftol=ADA_RTOL, gtol=0.0)
     else:
         opts = dict(maxfun=int(evals), maxiter=int(evals), ftol=0.0, gtol=0.0)
-    scipy.optimize.minimize(fun, np.asarray(x0), jac=True, method="L-BFGS-B", options=opts)
+    try:
+        scipy.optimize.minimize(fun, np.asarray(x0), jac=True, method="L-BFGS-B", options=opts)
+    except _BudgetSpent:
+        pass
     if best["x"] is None:
         return model, count[0]
     return unflatten_params(model, unravel(jnp.asarray(best["x"]))), count[0]
