@@ -101,7 +101,7 @@ def initialise(X, y, M, B, seed, init_rounds, log):
                        learn_hyperparameters=["kernel.variance", "kernel.lengthscale", "likelihood.variance"])
     log(f"θ0 from batch sparse GPR on {n_sub} rows: {sub_fit.hyperparameter_rounds} L-BFGS-B iterations, "
         f"{time.perf_counter() - t:.1f} s, VLB {sub_fit.vlb:.2f}")
-    first_X, _, _ = next(iv.minibatches(X, y, np.zeros(len(y)), B, seed))
+    first_X = next(iv.minibatches(X, y, np.zeros(len(y)), B, seed)).X
     Z0 = first_X[np.random.default_rng(seed + 1).choice(B, M, replace=False)]
     k = sub_fit.model.kernel
     model0 = gpvi.SparseGP(MultiscaleRBF(variance=k.variance, lengthscale=k.lengthscale), sub_fit.model.likelihood,

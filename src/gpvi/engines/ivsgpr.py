@@ -1,7 +1,7 @@
 """iVSGPR: incremental variational sparse GP regression (Cheng & Boots 2016).
 
 Stochastic mirror ascent on the posterior ``q(f)`` of a sparse GP with a Gaussian likelihood,
-one minibatch of ``B`` rows per iteration, learning the inducing inputs ``Z``, the inducing
+one minibatch of ``B`` rows per iteration (from :mod:`gpvi.stream`), learning the inducing inputs ``Z``, the inducing
 functions' lengthscales and the hyperparameters ``θ`` online.  Iteration ``t`` with step size
 ``γ_t`` solves the tempered sparse-GPR subproblem (their Eq. 16)
 
@@ -34,12 +34,13 @@ Step sizes: ``γ_t = 1 / (1 + √t)``, t = 1, 2, … (the paper's), or a constan
 
 The per-iteration trace holds the minibatch estimate ``(N/B) Σ E_i − KL`` of the VLB at the new
 state (a full-data VLB per iteration would cost more than the step); the result's ``vlb`` is the
-full-data VLB of the final model and state.  Minibatches come from a seeded permutation of the
-in-memory rows, one epoch after another (:func:`minibatches`).
+full-data VLB of the final model and state.  Minibatches come from :func:`gpvi.stream.from_arrays`
+over the in-memory rows, epoch after epoch, each epoch a fresh seeded permutation; the last batch
+of an epoch is padded and masked, and its sums are scaled by N / (its real rows).
 """
 from __future__ import annotations
 
-from functools import partial
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -50,6 +51,7 @@ import scipy.optimize
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from .._module import flatten_params, unflatten_params
+from ..stream import from_arrays
 from ..kernels import RBF, MultiscaleRBF
 from ..likelihoods import Gaussian
 from ..models import SparseGP, cholesky, kl_standard_normal
@@ -66,17 +68,12 @@ ADA_RTOL = 1e-5
 
 
 def minibatches(X, y, offset, batch_size: int, seed: int = 0):
-    """Endless ``(X_b, y_b, offset_b)`` minibatches of exactly ``batch_size`` rows from in-memory
-    arrays: consecutive slices of seeded random permutations, one epoch after another (a batch
-    may straddle two epochs, so no row is dropped and every batch has the same shape)."""
-    rng = np.random.default_rng(seed)
-    N = X.shape[0]
-    buf = np.empty(0, dtype=np.int64)
-    while True:
-        while buf.size < batch_size:
-            buf = np.concatenate([buf, rng.permutation(N)])
-        idx, buf = buf[:batch_size], buf[batch_size:]
-        yield X[idx], y[idx], offset[idx]
+    """Endless :class:`gpvi.stream.Batch` es of ``batch_size`` rows from in-memory arrays, epoch
+    after epoch of :func:`gpvi.stream.from_arrays` (a fresh seeded permutation per epoch; the
+    last batch of an epoch is padded and masked)."""
+    source = from_arrays(X, y, offset)
+    for epoch in itertools.count():
+        yield from source.minibatches(batch_size, epoch=epoch, seed=seed)
 
 
 def step_size_at(schedule, t: int) -> float:
@@ -111,7 +108,8 @@ class _Prev(NamedTuple):
 
     Z: jax.Array  # (M, D) inducing inputs
     lz: jax.Array  # (M, D) inducing lengthscales
-    LG: jax.Array  # (M, M) chol of the variance-free Gram ψ_Zᵀψ_Z (as jittered by the model)
+    LG: jax.Array  # (M, M) chol of the variance-free Gram ψ_Zᵀψ_Z + jitter·I (as the model jitters)
+    jitter: jax.Array  # () the jitter added to that Gram
     mean: jax.Array  # (M,)
     chol: jax.Array  # (M, M) lower, V_t = chol cholᵀ
     Pt: jax.Array  # (M, M) chol⁻¹ (so V_t⁻¹ = Ptᵀ Pt)
@@ -120,27 +118,41 @@ class _Prev(NamedTuple):
 @jax.jit
 def _prev(model, state: State) -> _Prev:
     Z = jnp.asarray(model.inducing)
-    lz, _ = model.kernel._inducing_l(Z)
-    LG = model.prior_cache(None) / jnp.sqrt(model.kernel.variance)
+    LG, added, lz = _gram_chol(model)
     Pt = solve_triangular(state.chol, jnp.eye(Z.shape[0], dtype=Z.dtype), lower=True)
-    return _Prev(Z, lz, LG, state.mean, state.chol, Pt)
+    return _Prev(Z, lz, LG, added, state.mean, state.chol, Pt)
 
 
-def _natural(model, prev: _Prev, Xb, yb, ob, scale, gamma):
-    """``(Λ, γ-weighted Λm, pieces)`` of the subproblem's optimal q(u) at ``model``'s θ, Z, l."""
+def _gram_chol(model):
+    """``(chol(G + j·I), j, l_Z)`` for the variance-free Gram ``G = ψ_Zᵀψ_Z`` of the inducing
+    functions, jittered exactly as ``model.prior_cache`` jitters ``K_uu = s² G`` (relative jitter:
+    the same j), so that ``√s² · chol`` is the model's own factor."""
+    Z = jnp.asarray(model.inducing)
+    lz, _ = model.kernel._inducing_l(Z)
+    LG, added = cholesky(model.kernel.inducing_gram(Z, lz, Z, lz), model.jitter)
+    return LG, added, lz
+
+
+def _natural(model, prev: _Prev, batch, scale, gamma):
+    """``(Λ, Λm, pieces)`` of the subproblem's optimal q(u) at ``model``'s θ, Z, l, for a
+    minibatch ``batch = (X (B, D), y, offset, mask (B,))`` (padding rows have mask 0)."""
+    Xb, yb, ob, mask = batch
     kern, lik = model.kernel, model.likelihood
     Z = jnp.asarray(model.inducing)
     M = Z.shape[0]
     eye = jnp.eye(M, dtype=Z.dtype)
-    Lk = model.prior_cache(None)
-    LG = Lk / jnp.sqrt(kern.variance)
-    At, b, c = model.project(Lk, Xb)
-    lz, _ = kern._inducing_l(Z)
-    # C = Ψ̄_tᵀ Ψ̄' : old whitened basis against the new one (variance-free, so θ-independent)
-    C = solve_triangular(prev.LG, kern.inducing_gram(prev.Z, prev.lz, Z, lz), lower=True)
+    LG, added, lz = _gram_chol(model)
+    At, b, c = model.project(jnp.sqrt(kern.variance) * LG, Xb)
+    At, c = At * mask, c * mask  # padding rows drop out of every sum
+    # C = Ψ̄_tᵀ Ψ̄' : old whitened basis against the new one (variance-free, so θ-independent).
+    # The jitter j·I of each Gram is a white component of each inducing function that stays
+    # with its index as the function moves (ψ̃_i = ψ_i + √j e_i), so it adds √(j_t j')·I to the
+    # cross-Gram: C is exactly I when nothing moved, and continuous in Z' and l'.
+    Gx = kern.inducing_gram(prev.Z, prev.lz, Z, lz) + jnp.sqrt(prev.jitter * added) * eye
+    C = solve_triangular(prev.LG, Gx, lower=True)
     C = solve_triangular(LG, C.T, lower=True).T
     W = prev.Pt @ C  # chol_t⁻¹ C, so Cᵀ V_t⁻¹ C = WᵀW
-    r = yb - b - ob
+    r = (yb - b - ob) * mask
     w = scale / lik.variance
     Lam = gamma * (eye + w * (At @ At.T)) + (1.0 - gamma) * (eye - C.T @ C + W.T @ W)
     Lam = 0.5 * (Lam + Lam.T)
@@ -148,7 +160,7 @@ def _natural(model, prev: _Prev, Xb, yb, ob, scale, gamma):
     return Lam, h, (At, b, c, r, C, W)
 
 
-def _collapsed(model, prev: _Prev, Xb, yb, ob, scale, gamma):
+def _collapsed(model, prev: _Prev, batch, scale, gamma):
     """γ × the subproblem objective at its optimal q(u), a function of the model's θ, Z, l.
 
     With β = (1 − γ)/γ and the subproblem J = (N/B) Σ E_i − KL(q‖p) − β KL(q‖q_t), J is a
@@ -160,11 +172,11 @@ def _collapsed(model, prev: _Prev, Xb, yb, ob, scale, gamma):
     """
     lik = model.likelihood
     M = prev.mean.shape[0]
-    Lam, h, (At, b, c, r, C, W) = _natural(model, prev, Xb, yb, ob, scale, gamma)
+    Lam, h, (At, b, c, r, C, W) = _natural(model, prev, batch, scale, gamma)
     RL = jnp.linalg.cholesky(Lam)
     u = solve_triangular(RL, h, lower=True)
     logdet_lam = 2.0 * jnp.sum(jnp.log(jnp.diag(RL)))
-    B = Xb.shape[0]
+    B = jnp.sum(batch[3])
     const_e = -0.5 * scale * B * jnp.log(2.0 * jnp.pi * lik.variance) \
         - 0.5 * scale / lik.variance * jnp.sum(r * r + c)
     tr_d = (jnp.sum(prev.Pt ** 2) - M) - (jnp.sum(W ** 2) - jnp.sum(C ** 2))
@@ -174,17 +186,18 @@ def _collapsed(model, prev: _Prev, Xb, yb, ob, scale, gamma):
     return gamma * (const_e + 0.5 * M) - 0.5 * (1.0 - gamma) * old + 0.5 * (u @ u - M - logdet_lam)
 
 
-def _neg_collapsed(theta, base, prev, Xb, yb, ob, scale, gamma):
-    return -_collapsed(unflatten_params(base, theta), prev, Xb, yb, ob, scale, gamma)
+def _neg_collapsed(theta, base, prev, batch, scale, gamma):
+    return -_collapsed(unflatten_params(base, theta), prev, batch, scale, gamma)
 
 
 _neg_collapsed_and_grad = jax.jit(jax.value_and_grad(_neg_collapsed))
 
 
 @jax.jit
-def _update(model, prev: _Prev, Xb, yb, ob, scale, gamma):
+def _update(model, prev: _Prev, batch, scale, gamma):
     """The subproblem's optimal q(u) as a State, and the minibatch VLB estimate there."""
-    Lam, h, (At, b, c, r, C, W) = _natural(model, prev, Xb, yb, ob, scale, gamma)
+    Xb, yb, ob, mask = batch
+    Lam, h, (At, b, c, r, C, W) = _natural(model, prev, batch, scale, gamma)
     M = h.shape[0]
     RL = jnp.linalg.cholesky(Lam)
     mean = cho_solve((RL, True), h)
@@ -194,7 +207,7 @@ def _update(model, prev: _Prev, Xb, yb, ob, scale, gamma):
     m_f = mean @ At + b + ob
     v_f = c + jnp.sum((chol.T @ At) ** 2, axis=0)
     E = model.likelihood.expected_log_prob(yb, m_f, v_f)
-    vlb = scale * jnp.sum(E) - kl_standard_normal(mean, chol)
+    vlb = scale * jnp.sum(E * mask) - kl_standard_normal(mean, chol)
     return State(mean, chol), vlb
 
 
@@ -218,7 +231,7 @@ def _check_options(batch_size, subproblem_evals, step_size_, N, seed):
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
         max_iter: int = 500, callback=None, batch_size: int | None = None, subproblem_evals="ada",
         ada_max_evals: int = ADA_MAX_EVALS, step_size="paper", learn="all", seed: int = 0,
-        monitor=None) -> EngineResult:
+        monitor=None, hyperparameters=None) -> EngineResult:
     """Run ``max_iter`` iVSGPR steps (one minibatch each) from ``state``.
 
     Parameters
@@ -238,9 +251,11 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         lengthscales included) or a list of dotted parameter names optimised in the subproblem.
     seed : of the minibatch permutations.
     monitor : optional ``monitor(t, model, state)`` called after every step (e.g. test error).
+    hyperparameters : the names :func:`gpvi.fit` passes for ``learn_hyperparameters`` (with
+        ``learn_inducing``); when given they replace ``learn``.
 
-    ``extras`` of the result: ``"model"`` (the learned model), ``"objective"`` (the full-data
-    Objective of that model, whose VLB is the result's), ``"subproblem_evaluations"`` (per step).
+    ``extras`` of the result: ``"model"`` (the learned model; its full-data VLB is the result's
+    ``vlb``) and ``"subproblem_evaluations"`` (per step).
     """
     model = prepare_model(objective.model)
     N = objective.num_data
@@ -252,6 +267,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     if monitor is not None and not callable(monitor):
         raise ValueError(f"monitor must be callable as monitor(t, model, state) or None, got {monitor!r}")
     known = [n for n, t in model.transforms().items() if t != "fixed"]
+    if hyperparameters is not None:
+        learn = list(hyperparameters)
     if isinstance(learn, str) and learn == "all":
         names = known
     elif isinstance(learn, (list, tuple)) and all(isinstance(n, str) for n in learn):
@@ -267,7 +284,6 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     y = np.asarray(objective.chunks.y).reshape(-1)[:N]
     off = np.asarray(objective.chunks.offset).reshape(-1)[:N]
     stream = minibatches(X, y, off, int(batch_size), int(seed))
-    scale = N / float(batch_size)
 
     clock = Clock(callback)
     clock.tick(objective.vlb(state), 0)
@@ -275,14 +291,16 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     do_sub = bool(names) and (subproblem_evals == "ada" or subproblem_evals > 0)
     for t in range(1, int(max_iter) + 1):
         gamma = step_size_at(step_size, t)
-        Xb, yb, ob = (jnp.asarray(a) for a in next(stream))
+        b = next(stream)
+        batch = tuple(jnp.asarray(a) for a in (b.X, b.y, b.offset, b.mask))
+        scale = N / float(b.rows)  # unbiased for the padded last batch of an epoch too
         prev = _prev(model, state)
         used = 0
         if do_sub:
-            model, used = _solve_subproblem(model, names, prev, Xb, yb, ob, scale, gamma, subproblem_evals,
+            model, used = _solve_subproblem(model, names, prev, batch, scale, gamma, subproblem_evals,
                                             ada_max_evals)
         evals_per_step.append(used)
-        state, vlb_b = _update(model, prev, Xb, yb, ob, scale, gamma)
+        state, vlb_b = _update(model, prev, batch, scale, gamma)
         if not (np.all(np.isfinite(np.asarray(state.chol))) and np.isfinite(float(vlb_b))):
             raise FloatingPointError(f"ivsgpr: the posterior became non-finite at step {t} (γ = {gamma:.3g})")
         clock.tick(vlb_b, t)
@@ -293,7 +311,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     vlb = float(final.vlb(state))
     message = (f"ran max_iter={int(max_iter)} minibatch steps of {int(batch_size)} rows (stochastic mirror "
                "ascent has no convergence certificate)")
-    extras = {"model": model, "objective": final, "subproblem_evaluations": evals_per_step}
+    extras = {"model": model, "subproblem_evaluations": evals_per_step}
     return EngineResult(state, vlb, int(max_iter), False, message, clock.trace,
                         evaluations=objective.num_evaluations + final.num_evaluations, extras=extras)
 
@@ -302,7 +320,7 @@ class _BudgetSpent(Exception):
     """The subproblem's evaluation budget is used up (ends the L-BFGS-B run)."""
 
 
-def _solve_subproblem(model, names, prev, Xb, yb, ob, scale, gamma, evals, ada_max_evals):
+def _solve_subproblem(model, names, prev, batch, scale, gamma, evals, ada_max_evals):
     """L-BFGS-B on the collapsed subproblem in the named parameters from the current ones, with
     at most ``evals`` (or ``ada_max_evals``) evaluations; returns the model at the best point
     evaluated and the number of evaluations."""
@@ -317,7 +335,7 @@ def _solve_subproblem(model, names, prev, Xb, yb, ob, scale, gamma, evals, ada_m
             # L-BFGS-B checks maxfun only between iterations; a line search could overrun it
             raise _BudgetSpent
         count[0] += 1
-        f, g = _neg_collapsed_and_grad(unravel(jnp.asarray(x)), model, prev, Xb, yb, ob, scale, gamma)
+        f, g = _neg_collapsed_and_grad(unravel(jnp.asarray(x)), model, prev, batch, scale, gamma)
         f = float(f)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
         if not np.isfinite(f) or not np.all(np.isfinite(g)):
