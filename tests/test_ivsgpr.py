@@ -304,6 +304,16 @@ def test_streaming_run_learns():
     assert iv5.extras["subproblem_evaluations"] == [5] * 20  # the budget is a hard bound
     assert iv5.vlb > start and iv5.vlb > svi.vlb
     assert svi.vlb <= start + 1e-9  # θ, Z fixed: nothing beats the Titsias optimum
+    # the returned fit predicts with the learned model (its prior factor, not the start's)
+    from gpvi.predict import latent_moments
+    ref = latent_moments(iv5.model, iv5.model.prior_cache(None), iv5.state, X[:10])
+    np.testing.assert_allclose(iv5.predict_f(X[:10])[0], ref[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(iv5.predict_f(X[:10])[1], ref[1], rtol=1e-10, atol=1e-12)
+    # learn_hyperparameters names restrict what the subproblem learns
+    only = gpvi.fit(m, X, y, engine="ivsgpr", max_iter=2, learn_hyperparameters=["likelihood.variance"],
+                    engine_options=dict(batch_size=40, subproblem_evals=5))
+    np.testing.assert_array_equal(np.asarray(only.model.inducing), inducing())
+    assert float(only.model.kernel.variance) == 0.5 and float(only.model.likelihood.variance) != 0.3
 
 
 def test_bad_input():
