@@ -190,3 +190,16 @@ def test_stream_benchmark_quick(tmp_path):
         assert len(r["sfp_epochs"]) == 2 and r["fpi_converged"]
         assert min(r["nlpd_rel_diff_per_epoch"]) < 0.02  # sfp from the file is near batch fpi at N = 40 000
     assert (tmp_path / "stream_quick.md").read_text().count("hold") >= 6  # a verdict per claim and likelihood
+
+
+@pytest.mark.slow
+def test_cheng2016_benchmark_quick(tmp_path):
+    out = _run("cheng2016.py", tmp_path)
+    res = out["results"]
+    assert set(res) == {"VSGPR-svi", "iVSGPR5", "iVSGPR10", "iVSGPRada", "VSGPR*-svi"}
+    assert all(0 < r["nmse"] < 1.5 and len(r["curve"]) >= 5 for r in res.values())
+    assert res["iVSGPR5"]["subproblem_evaluations"][0] >= 5 and res["VSGPR-svi"]["subproblem_evaluations"][0] == 0
+    # learning θ and Z online beats keeping the starting ones (Table 1a's first claim)
+    assert res["iVSGPR10"]["nmse"] < res["VSGPR-svi"]["nmse"]
+    assert all(c["verdict"] for c in out["claims"])
+    assert (tmp_path / "cheng2016_quick.md").stat().st_size > 0
