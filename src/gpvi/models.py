@@ -298,7 +298,7 @@ class SparseGP(Model):
         return _lower_inverse(cache)
 
     def project_many(self, pcache, Xc):
-        Kzx = self.kernel(jnp.asarray(self.inducing), Xc)
+        Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)
         At = _lower_matmul(pcache, Kzx)
         c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
