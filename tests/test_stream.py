@@ -123,7 +123,7 @@ def test_bad_input(rng, tmp_path):
     s = stream.from_npy(tmp_path / "X.npy", tmp_path / "y.npy")
     np.save(tmp_path / "y.npy", y + 1.0)
     os.utime(tmp_path / "y.npy", ns=(1, 1))
-    with pytest.raises(ValueError, match="changed while streaming"):
+    with pytest.raises(ValueError, match=r"y\.npy changed while it was being read"):
         list(s.minibatches(4))
     os.remove(tmp_path / "y.npy")
     with pytest.raises(ValueError, match="disappeared"):

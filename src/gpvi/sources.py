@@ -143,11 +143,11 @@ class _Watched:
             try:
                 st = os.stat(p)
             except FileNotFoundError:
-                raise ValueError(f"data file {p} disappeared during the fit; a pass over the remaining "
-                                 "data would mix two data sets") from None
+                raise ValueError(f"data file {p} disappeared while it was being read (during a fit or "
+                                 "stream); going on would mix two data sets") from None
             if (st.st_size, st.st_mtime_ns) != s:
-                raise ValueError(f"data file {p} changed during the fit (size or modification time differs "
-                                 "from when it was opened); refusing to mix sums over two versions of the data")
+                raise ValueError(f"data file {p} changed while it was being read (size or modification time "
+                                 "differ from when it was opened); refusing to mix two versions of the data")
 
 
 class NpySource(Source):
@@ -251,10 +251,24 @@ class ParquetSource(Source):
 
         cols = self.features + [self.target] + ([self.offset_column] if self.offset_column else [])
         table = pq.ParquetFile(self.path).read_row_group(self._groups[j], columns=cols)
-        arr = {c: table.column(c).to_numpy(zero_copy_only=False) for c in cols}
         try:
-            X = np.stack([np.asarray(arr[c], dtype=np.float64) for c in self.features], axis=1)
-        except (TypeError, ValueError):
-            raise ValueError(f"ParquetSource: the feature columns of {self.path} must be numeric") from None
-        off = np.asarray(arr[self.offset_column], dtype=np.float64) if self.offset_column else None
-        return X, arr[self.target], off
+            X = np.column_stack([_numeric_column(table, c) for c in self.features])
+            off = _numeric_column(table, self.offset_column) if self.offset_column else None
+            col = table.column(self.target)
+            if col.null_count:
+                raise ValueError(f"column {self.target!r} has {col.null_count} missing value(s)")
+            y = col.to_numpy(zero_copy_only=False)  # in the likelihood's coding (labels may be text)
+        except ValueError as err:
+            raise ValueError(f"{self.describe()}, row group {self._groups[j]}: {err}") from None
+        return X, y, off
+
+
+def _numeric_column(table, c):
+    """Column ``c`` of a pyarrow table as float64; missing or non-numeric values are errors."""
+    a = table.column(c)
+    if a.null_count:
+        raise ValueError(f"column {c!r} has {a.null_count} missing value(s)")
+    try:
+        return a.to_numpy(zero_copy_only=False).astype(np.float64)
+    except Exception as err:  # pyarrow raises its own types
+        raise ValueError(f"column {c!r} is not numeric: {err}") from None

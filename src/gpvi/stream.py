@@ -241,64 +241,47 @@ class _FileStream(Stream):
     """Remembers size and modification time of its files and refuses to read changed ones."""
 
     def _remember(self, paths):
-        self._stamps = {}
-        for p in paths:
-            if p is None:
-                continue
-            p = Path(p)
-            if not p.is_file():
-                raise ValueError(f"{self.name}: file {str(p)!r} does not exist")
-            st = p.stat()
-            self._stamps[p] = (st.st_size, st.st_mtime_ns)
+        from .sources import _Watched
+
+        self._watch = _Watched([p for p in paths if p is not None])
 
     def _check_unchanged(self):
-        for p, stamp in self._stamps.items():
-            if not p.is_file():
-                raise ValueError(f"{self.name}: file {str(p)!r} has disappeared while streaming")
-            st = p.stat()
-            if (st.st_size, st.st_mtime_ns) != stamp:
-                raise ValueError(f"{self.name}: file {str(p)!r} changed while streaming (size or modification "
-                                 "time differ from when the stream was opened)")
+        self._watch.check()
 
 
 def _permuted(n, rng):
     return rng.permutation(n) if rng is not None else np.arange(n)
 
 
-class NpyStream(_FileStream):
+class SourceStream(Stream):
+    """Minibatches from a random-access :class:`gpvi.sources.Source` (``.npy`` memory maps,
+    Parquet row groups, arrays): the source's blocks in a random order each epoch, rows shuffled
+    within the buffer.  The batch executors of :mod:`gpvi.executors` read the same sources."""
+
+    def __init__(self, source, *, buffer_rows=DEFAULT_BUFFER_ROWS):
+        self.source = source
+        self.name = source.describe()
+        self.num_rows = int(source.num_rows)
+        self.num_features = int(source.num_cols)
+        self.buffer_rows = int(buffer_rows)
+        if self.buffer_rows < 1:
+            raise ValueError(f"{self.name}: buffer_rows must be positive")
+
+    def _blocks(self, epoch, rng):
+        self.source.check_unchanged()
+        for j in _permuted(self.source.num_blocks, rng):
+            yield self.source.read_block(int(j))
+        self.source.check_unchanged()
+
+
+class NpyStream(SourceStream):
     """Memory-mapped ``.npy`` files (see :func:`from_npy`)."""
 
     def __init__(self, X_path, y_path, offset_path=None, *, block_rows=DEFAULT_BLOCK_ROWS,
                  buffer_rows=DEFAULT_BUFFER_ROWS):
-        self.name = f"npy stream {os.fspath(X_path)!r}"
-        self._remember([X_path, y_path, offset_path])
-        self.paths = (Path(X_path), Path(y_path), None if offset_path is None else Path(offset_path))
-        X, y, off = self._open()
-        if X.ndim not in (1, 2) or y.ndim != 1 or X.shape[0] != y.shape[0] or (off is not None and off.shape != y.shape):
-            raise ValueError(f"{self.name}: X of shape {X.shape}, y of shape {y.shape}"
-                             + ("" if off is None else f" and offset of shape {off.shape}")
-                             + " do not match (need (N, D), (N,), (N,))")
-        self.num_rows = int(X.shape[0])
-        self.num_features = 1 if X.ndim == 1 else int(X.shape[1])
-        self.block_rows = int(block_rows)
-        self.buffer_rows = int(buffer_rows)
-        if self.block_rows < 1 or self.buffer_rows < 1:
-            raise ValueError(f"{self.name}: block_rows and buffer_rows must be positive")
+        from .sources import NpySource
 
-    def _open(self):
-        try:
-            return tuple(None if p is None else np.load(p, mmap_mode="r") for p in self.paths)
-        except (OSError, ValueError) as err:
-            raise ValueError(f"{self.name}: cannot memory-map: {err}") from None
-
-    def _blocks(self, epoch, rng):
-        self._check_unchanged()
-        X, y, off = self._open()
-        nb = -(-self.num_rows // self.block_rows)
-        for k in _permuted(nb, rng):
-            s = slice(int(k) * self.block_rows, min(self.num_rows, (int(k) + 1) * self.block_rows))
-            yield np.array(X[s]), np.array(y[s]), None if off is None else np.array(off[s])
-        self._check_unchanged()
+        super().__init__(NpySource(X_path, y_path, offset_path, block_rows=block_rows), buffer_rows=buffer_rows)
 
 
 def from_npy(X_path, y_path, offset_path=None, *, block_rows=DEFAULT_BLOCK_ROWS,
@@ -326,55 +309,35 @@ def _table_columns(names, x_columns, y_column, offset_column, where):
 
 
 def _table_to_arrays(table, x_columns, y_column, offset_column):
-    def col(c):
-        a = table.column(c)
-        if a.null_count:
-            raise ValueError(f"column {c!r} has {a.null_count} missing value(s)")
-        try:
-            return a.to_numpy().astype(np.float64)
-        except (ValueError, TypeError, Exception) as err:  # pyarrow raises its own types
-            raise ValueError(f"column {c!r} is not numeric: {err}") from None
+    from .sources import _numeric_column
 
-    X = np.column_stack([col(c) for c in x_columns]) if x_columns else np.zeros((table.num_rows, 0))
-    y = col(y_column)
-    off = None if offset_column is None else col(offset_column)
+    X = np.column_stack([_numeric_column(table, c) for c in x_columns]) if x_columns \
+        else np.zeros((table.num_rows, 0))
+    y = _numeric_column(table, y_column)
+    off = None if offset_column is None else _numeric_column(table, offset_column)
     return X, y, off
 
 
-class ParquetStream(_FileStream):
+class ParquetStream(SourceStream):
     """A Parquet file read one row group at a time (see :func:`from_parquet`)."""
 
     def __init__(self, path, y_column, x_columns=None, offset_column=None, *, buffer_rows=DEFAULT_BUFFER_ROWS):
         import pyarrow.parquet as pq
 
-        self.name = f"parquet stream {os.fspath(path)!r}"
-        self._remember([path])
-        self.path = Path(path)
+        from .sources import ParquetSource
+
+        where = f"parquet stream {os.fspath(path)!r}"
+        if not Path(path).is_file():
+            raise ValueError(f"{where}: file {os.fspath(path)!r} does not exist")
         try:
-            pf = pq.ParquetFile(self.path)
+            names = pq.ParquetFile(path).schema_arrow.names
         except Exception as err:  # pyarrow's ArrowInvalid and friends
-            raise ValueError(f"{self.name}: cannot read as Parquet: {err}") from None
-        names = pf.schema_arrow.names
-        self.x_columns = _table_columns(names, x_columns, y_column, offset_column, self.name)
-        self.y_column, self.offset_column = y_column, offset_column
-        self.num_rows = int(pf.metadata.num_rows)
-        self.num_row_groups = int(pf.num_row_groups)
-        self.num_features = len(self.x_columns)
-        self.buffer_rows = int(buffer_rows)
-
-    def _blocks(self, epoch, rng):
-        import pyarrow.parquet as pq
-
-        self._check_unchanged()
-        pf = pq.ParquetFile(self.path)
-        cols = self.x_columns + [self.y_column] + ([self.offset_column] if self.offset_column else [])
-        for g in _permuted(self.num_row_groups, rng):
-            table = pf.read_row_group(int(g), columns=cols)
-            try:
-                yield _table_to_arrays(table, self.x_columns, self.y_column, self.offset_column)
-            except ValueError as err:
-                raise ValueError(f"{self.name}, row group {int(g)}: {err}") from None
-        self._check_unchanged()
+            raise ValueError(f"{where}: cannot read as Parquet: {err}") from None
+        x_columns = _table_columns(names, x_columns, y_column, offset_column, where)
+        super().__init__(ParquetSource(path, target=y_column, features=x_columns, offset=offset_column),
+                         buffer_rows=buffer_rows)
+        self.x_columns, self.y_column, self.offset_column = x_columns, y_column, offset_column
+        self.num_row_groups = self.source.num_blocks
 
 
 def from_parquet(path, y_column, x_columns=None, offset_column=None, *,
