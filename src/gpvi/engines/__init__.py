@@ -7,12 +7,17 @@
 ``gradient``   L-BFGS on (m, chol V) jointly
 ``laplace``    Laplace approx.: Newton on the mode, V = (−∇²Ψ)⁻¹ (not a VLB maximiser)
 ``dual``       L-BFGS-B on the dual (Khan et al. 2013; Gaussian, Poisson, Bernoulli only)
+``jj``         Jaakkola–Jordan bound, analytic ξ, μ, Σ (Izmailov & Kropotov 2017; Bernoulli logit)
+``taylor``     Taylor expansion at the marginal means, analytic μ, Σ (same paper)
+``jj-hybrid``  JJ rounds alternating with L-BFGS-B on ξ (and θ)
+``jj-full``    L-BFGS-B on ξ (and θ), μ, Σ analytic
 =============  ==================================================================
 """
-from . import dual, fpb, fpi, gradient, laplace
+from . import dual, fpb, fpi, gradient, jj, laplace
 from ._common import EngineResult
 
 ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run, "laplace": laplace.run,
            "dual": dual.run}
+ENGINES.update({"jj": jj.run_jj, "taylor": jj.run_taylor, "jj-hybrid": jj.run_hybrid, "jj-full": jj.run_full})
 
 __all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient", "laplace"]
