@@ -370,6 +370,9 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
     sur = surrogate_objective(obj, kind)
 
     def tick(i, mdl, st, surrogate):
+        # the current Objective's cached projections when it is at these hyperparameters
+        if mdl is obj.model:
+            return clock.tick(i, lambda: obj.vlb(st), mdl, st, surrogate)
         return clock.tick(i, lambda: _true_vlb(mdl, obj.X, obj.chunks, st), mdl, st, surrogate)
 
     tick(0, model, state, float(sur.vlb(state)))
