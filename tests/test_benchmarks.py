@@ -184,6 +184,15 @@ def test_hyperparameters_benchmark_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_stream_benchmark_quick(tmp_path):
+    out = _run("stream.py", tmp_path)
+    for r in out["results"]:
+        assert len(r["sfp_epochs"]) == 2 and r["fpi_converged"]
+        assert min(r["nlpd_rel_diff_per_epoch"]) < 0.02  # sfp from the file is near batch fpi at N = 40 000
+    assert (tmp_path / "stream_quick.md").read_text().count("hold") >= 6  # a verdict per claim and likelihood
+
+
+@pytest.mark.slow
 def test_izmailov2017_benchmark_quick(tmp_path):
     if not (ROOT.parent / "shared" / "data" / "german_numer").is_dir() and "GPVI_DATA_DIR" not in __import__("os").environ:
         pytest.skip("shared data sets not available")

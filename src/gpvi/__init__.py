@@ -13,6 +13,8 @@ from ._module import Module, param, static  # noqa: E402
 from .fit import FitResult, fit, learnable_parameters  # noqa: E402
 from .models import GLM, GP, Model, SparseGP  # noqa: E402
 from .objective import Objective, State, prior_state  # noqa: E402
+from . import stream  # noqa: E402
+from .streaming import fit_stream  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -32,5 +34,5 @@ def __getattr__(name):
 __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
-    "static", "io", "diagnostics", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
+    "static", "io", "diagnostics", "stream", "fit_stream", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
 ]

@@ -357,7 +357,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
 
     takes_gap = "tol_nats" in inspect.signature(run).parameters
 
-    def infer(mdl, start, tol_, quiet=False, obj=None):
+    def infer(mdl, start, tol_, quiet=False, obj=None, **extra):
         if obj is None:
             obj = Objective(mdl, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
             obj.check_prior()
@@ -368,7 +368,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         else:
             gap_kw = {}
         res = run(obj, start, tol=tol_, max_iter=max_iter, callback=None if quiet else cb, **gap_kw,
-                  **options)
+                  **options, **extra)
         trace = res.trace.copy()
         trace[:, 0] += t_offset[0]
         return obj, res, trace
@@ -398,12 +398,21 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         return _fit_own_learn(own_learn, model, X, y, offset, state, obj, learn_hyperparameters, learn_inducing,
                               tol, tol_nats, max_iter, max_rounds, chunk_size, cache_bytes, subset, options,
                               engine, cb, t_offset, t0, release_blas, prog)
+    # Engines that learn θ jointly with q (run.learns_hyperparameters: the stochastic engines)
+    # take the names and return the learned model in extras["model"]; no profile search.
+    joint = bool(learn_hyperparameters) and getattr(run, "learns_hyperparameters", False)
     try:
-        obj, res, trace = infer(model, state, tol, obj=obj)
+        if joint:
+            names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
+                     else list(learn_hyperparameters))
+            obj, res, trace = infer(model, state, tol, obj=obj, hyperparameters=names)
+            model = res.extras.pop("model", model)
+        else:
+            obj, res, trace = infer(model, state, tol, obj=obj)
         traces = [trace]
         rounds = 0
         counts = [res.backtracks, res.cycles, res.evaluations, res.clipped]
-        if learn_hyperparameters:
+        if learn_hyperparameters and not joint:
             names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
                      else list(learn_hyperparameters))
             unknown = set(names) - set(model.transforms())
@@ -425,14 +434,19 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             prog.close()
     backtracks, cycles, evals, clipped = counts
     message = res.message
-    if learn_hyperparameters:
+    if joint:
+        message = f"{message}; hyperparameters learned jointly by the engine"
+    elif learn_hyperparameters:
         message = f"{message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return FitResult(model=model, state=res.state, vlb=res.vlb, iterations=res.iterations,
                      converged=bool(res.converged and np.isfinite(res.vlb)), message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
-                     prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
+                     prior=_prior_cache(model, jnp.asarray(X)) if joint else obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
                      subset=subset, extras=dict(res.extras), gap=float(res.gap))
+
+
+_prior_cache = jax.jit(lambda model, X: model.prior_cache(X))
 
 
 def _fit_own_learn(own_learn, model, X, y, offset, state, obj, learn, learn_inducing, tol, tol_nats, max_iter,
@@ -468,7 +482,7 @@ def _check_engine_options(options, run):
         raise ValueError(f"engine_options must be a dict of keyword arguments, got {type(options).__name__}")
 
     params = inspect.signature(run).parameters
-    reserved = {"tol", "tol_nats", "max_iter", "callback"}
+    reserved = {"tol", "tol_nats", "max_iter", "callback", "hyperparameters"}
     bad = [k for k in options if k in reserved or k not in params]
     if bad:
         allowed = sorted(k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in reserved)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .models import Model, kl_standard_normal
 
-__all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state"]
+__all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]
 
 DEFAULT_CHUNK = 2048
 DEFAULT_CACHE_BYTES = 512 * 2**20
@@ -351,3 +351,51 @@ def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State, blocks
 
     sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
     return sE - kl_standard_normal(state.mean, state.chol)
+
+
+# ---- one minibatch, scaled (the stochastic engines: sfp, svi) ----------------------------------
+
+def _batch_data_sums(model, prior, batch: Chunks, W, blocks: int, want_hessian: bool, clip_gamma: bool):
+    """``(Σ E_i, Σ ρ_i a_i, lower blocks of Σ λ_i a_i a_iᵀ)`` over the real rows of one chunk
+    ``batch`` (fields (B, ·), no leading chunk axis), unscaled; the same per-chunk algebra as
+    :func:`_sums`."""
+    A, b, c = chunk_projection(model, prior, batch, None, False, blocks)
+    m, v = _marginals_stacked(A, b, c, batch.offset, W)
+    E, rho, lam = model.likelihood.variational_moments(batch.y, m, v)
+    keep = batch.mask > 0
+    E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
+    if want_hessian:
+        w = jnp.minimum(lam, 0.0) if clip_gamma else lam
+        P, Arho = block_gram(A, w, rho)
+    else:
+        P, Arho = (), block_matvec(A, rho)
+    return jnp.sum(E), Arho, P
+
+
+@partial(jax.jit, static_argnames=("blocks", "want_hessian", "clip_gamma"))
+def minibatch_sums(model, prior, batch: Chunks, state: State, scale, blocks: int = 1,
+                   want_hessian: bool = True, clip_gamma: bool = False) -> Sums:
+    """Unbiased estimates of the fields of :class:`Sums` from one minibatch.
+
+    ``batch`` is a :class:`Chunks` of a single chunk: ``X`` (B, D), ``y``, ``offset``, ``mask``
+    (B,), padding rows masked out; ``prior`` is ``model.prior_cache(·)``.  The data sums over
+    the batch's rows are multiplied by ``scale`` (N / rows in the batch), so for a batch drawn
+    uniformly at random the expectations are the full-data sums:
+    ``vlb = scale·Σ_b E_i − KL``, ``grad = scale·Σ_b ρ_i a_i − m``, ``S = scale·Σ_b λ_i a_i a_iᵀ``.
+    """
+    sE, Arho, P = _batch_data_sums(model, prior, batch, _stacked(state), blocks, want_hessian, clip_gamma)
+    kl = kl_standard_normal(state.mean, state.chol)
+    S = scale * assemble_gram(P, blocks) if want_hessian else jnp.zeros((0, 0))
+    return Sums(scale * sE - kl, scale * Arho - state.mean, S)
+
+
+def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, prior=None):
+    """``scale·Σ_b E_i − KL``: the minibatch estimate of the VLB, differentiable in ``state`` and,
+    when ``prior`` is None (the prior factorisation is then recomputed), in the model's
+    parameters (not jitted: callers jit it inside their own step)."""
+    if prior is None:
+        prior = model.prior_cache(batch.X)
+    A, b, c = chunk_projection(model, prior, batch, None, False, blocks)
+    m, v = _marginals_stacked(A, b, c, batch.offset, _stacked(state))
+    E = model.likelihood.expected_log_prob(batch.y, m, v)
+    return scale * jnp.sum(jnp.where(batch.mask > 0, E, 0.0)) - kl_standard_normal(state.mean, state.chol)
