@@ -365,10 +365,15 @@ def claims(results, synthetic=None):
             ok = min(tb["jj"], tb["taylor"]) > max(tb["jj-full"], tb["jj-hybrid"])
             add(ds, "vi-JJ and vi-Taylor struggle (slower than vi-JJ-hybrid and vi-JJ-full)", _v(ok), ev)
             if has_svi:
-                fast = min(tb[k] for k in ("fpi",) + VI)
-                t_svi = s["svi"]["t_own_final"]
+                # gpvi's fastest engine to its own final accuracy (−0.5 %) against svi's time to
+                # reach that same accuracy (inf where its curve never does)
+                k_fast = min(("fpi",) + VI, key=lambda k: s[k]["t_own_final"])
+                fast = s[k_fast]["t_own_final"]
+                t_svi = time_to(res["methods"]["svi"], s[k_fast]["final"] - 0.005)
                 add(ds, "acceptance 4: gpvi's fastest engine reaches its final accuracy (±0.5 %) ≥ 3× sooner than "
-                    "svi-AdaDelta at its best rate", _v(t_svi >= 3 * fast), ev)
+                    "svi-AdaDelta at its best rate", _v(t_svi >= 3 * fast),
+                    f"{LABEL[k_fast]} {s[k_fast]['final']:.4f} at {fast:.3g} s; svi reaches it at {t_svi:.3g} s "
+                    f"(svi ran {len(res['methods']['svi']['times'])} epochs, final {s['svi']['final']:.4f})")
         # our own claim, every data set
         if "fpi" in s and "jj-hybrid" in s:
             add(ds, "ours: gpvi fpi reaches the best accuracy (±0.5 %) sooner than vi-JJ-hybrid",
@@ -409,8 +414,12 @@ def markdown(results, rows, a):
 def figure(results, path):
     plt = _common.pyplot()
     n = len(results)
-    fig, axes = plt.subplots(1, n, figsize=(5 * n, 4), squeeze=False)
-    for ax, (ds, res) in zip(axes[0], results.items()):
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.ravel()[n:]:
+        ax.axis("off")
+    for ax, (ds, res) in zip(axes.ravel(), results.items()):
         for k, c in res["methods"].items():
             t = np.maximum(np.asarray(c["times"]), 1e-3)
             ax.plot(t, c["accuracy"], marker="." if k != "fpi" else "o", label=LABEL[k])
