@@ -194,3 +194,34 @@ def load_sarcos(torque: int = 1):
         raise ValueError(f"torque must be 1..7, got {torque!r}")
     a = scipy.io.loadmat(str(data_path("sarcos", "sarcos_inv_test.mat")))["sarcos_inv_test"]
     return np.asarray(a[:, :21], np.float64), np.asarray(a[:, 20 + torque], np.float64)
+
+
+# ---- added for izmailov2017.py (Izmailov & Kropotov 2017, Figs 4-7) ----------------------------
+def load_svmguide1(test: bool = False):
+    """LIBSVM svmguide1: train 3 089 × 4 (``test=True``: the 4 000-row test file), y ∈ {0, 1}."""
+    from sklearn.datasets import load_svmlight_file
+
+    X, y = load_svmlight_file(str(data_path("svmguide1", "svmguide1.t" if test else "svmguide1")), n_features=4)
+    return np.asarray(X.todense(), dtype=np.float64), (np.asarray(y) > 0).astype(np.float64)
+
+
+def load_cod_rna(test: bool = False):
+    """LIBSVM cod-rna from the zip: train 59 535 × 8 (``test=True``: the 271 617-row test file),
+    y ∈ {0, 1} (1 = the LIBSVM +1 class)."""
+    import io
+    import zipfile
+
+    from sklearn.datasets import load_svmlight_file
+
+    with zipfile.ZipFile(data_path("cod_rna", "rna_dataset.zip")) as z:
+        raw = z.read("cod-rna.t" if test else "cod-rna.txt")
+    X, y = load_svmlight_file(io.BytesIO(raw), n_features=8)
+    return np.asarray(X.todense(), dtype=np.float64), (np.asarray(y) > 0).astype(np.float64)
+
+
+def load_skin_nonskin():
+    """UCI skin segmentation: 245 057 × 3 (B, G, R), y = 1 for skin (50 859 rows), 0 otherwise."""
+    import pandas as pd
+
+    df = pd.read_csv(data_path("skin_nonskin", "Skin_NonSkin.txt"), sep="\t")
+    return df.iloc[:, :3].to_numpy(np.float64), (df.iloc[:, 3] == 1).to_numpy(np.float64)

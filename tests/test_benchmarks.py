@@ -203,3 +203,23 @@ def test_cheng2016_benchmark_quick(tmp_path):
     assert res["iVSGPR10"]["nmse"] < res["VSGPR-svi"]["nmse"]
     assert all(c["verdict"] for c in out["claims"])
     assert (tmp_path / "cheng2016_quick.md").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_izmailov2017_benchmark_quick(tmp_path):
+    if not (ROOT.parent / "shared" / "data" / "german_numer").is_dir() and "GPVI_DATA_DIR" not in __import__("os").environ:
+        pytest.skip("shared data sets not available")
+    out = _run("izmailov2017.py", tmp_path)
+    assert set(out["results"]) == {"german_numer", "svmguide1"}
+    for name, res in out["results"].items():
+        for engine in ("jj", "taylor", "jj-hybrid", "jj-full", "fpi"):
+            curve = res["methods"][engine]
+            assert len(curve["times"]) == len(curve["accuracy"]) >= 1
+            assert curve["accuracy"][-1] > 0.6, (name, engine)
+        assert res["fixed_theta"]["jj_true_vlb"] <= res["fixed_theta"]["fpi_vlb"] + 1e-6
+        for engine in ("jj", "taylor", "jj-hybrid", "jj-full"):
+            assert res["methods"][engine]["surrogate_bound"] <= res["methods"][engine]["final_vlb"] + 1e-6 \
+                or engine == "taylor"  # the Taylor expansion is not a bound
+    verdicts = {r["verdict"] for r in out["claims"]}
+    assert verdicts <= {"holds", "partly", "does not hold", "not run (svi not merged yet)"}
+    assert (tmp_path / "izmailov2017_quick.md").read_text().count("| german_numer |") >= 3

@@ -335,8 +335,9 @@ _COMMON_DOC = """
     inducing : int, default 200
         Number of inducing inputs of a sparse GP (k-means centres of the standardised
         inputs), capped at the number of distinct training rows.
-    engine : {"fpi", "fpb", "gradient"}
-        Variational inference engine (see :func:`gpvi.fit`).
+    engine : {"fpi", "fpb", "gradient", "jj", "taylor", "jj-hybrid", "jj-full"}
+        Variational inference engine (see :func:`gpvi.fit`); the last four (Izmailov & Kropotov
+        2017) only for the classifier with the logit link.
     learn_hyperparameters : bool or list of str
         True: learn the kernel parameters, the constant prior mean and the likelihood's
         parameters by maximising the bound; False: keep their starting values; or a list of

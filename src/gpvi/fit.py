@@ -416,6 +416,13 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
             release_blas()
             raise
     state = prior_state(d) if init in (None, "prior") else init
+    own_learn = getattr(run, "learn", None) if learn_hyperparameters else None
+    if own_learn is not None:
+        # engines with their own hyperparameter driver (jj, taylor, jj-hybrid, jj-full: the
+        # alternation of Izmailov & Kropotov 2017 instead of the profile L-BFGS-B below)
+        return _fit_own_learn(own_learn, model, X, y, offset, state, obj, learn_hyperparameters, learn_inducing,
+                              tol, tol_nats, max_iter, max_rounds, chunk_size, cache_bytes, subset, options,
+                              engine, cb, t_offset, t0, release_blas, prog)
     # Engines that learn θ jointly with q (run.learns_hyperparameters: the stochastic engines)
     # take the names and return the learned model in extras["model"]; no profile search.
     joint = bool(learn_hyperparameters) and getattr(run, "learns_hyperparameters", False)
@@ -511,6 +518,32 @@ def _block_source(X, y, model, offset, exposure, subset, init, engine, seed):
 
 
 _prior_cache = jax.jit(lambda model, X: model.prior_cache(X))
+
+
+def _fit_own_learn(own_learn, model, X, y, offset, state, obj, learn, learn_inducing, tol, tol_nats, max_iter,
+                   max_rounds, chunk_size, cache_bytes, subset, options, engine, cb, t_offset, t0, release_blas,
+                   prog):
+    """:func:`fit` with hyperparameters learned by an engine's own driver (``run.learn``)."""
+    try:
+        names = learnable_parameters(model, learn_inducing) if learn is True else list(learn)
+        if obj is None:
+            obj = Objective(model, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
+            obj.check_prior()
+        t_offset[0] = time.perf_counter() - t0
+        res, model, obj = own_learn(obj, state, names, tol=tol, tol_nats=tol_nats, max_iter=max_iter,
+                               max_rounds=max_rounds, callback=cb, **options)
+        trace = res.trace.copy()
+        trace[:, 0] += t_offset[0]
+    finally:
+        release_blas()
+        if prog is not None:
+            prog.close()
+    return FitResult(model=model, state=res.state, vlb=res.vlb, iterations=res.iterations,
+                     converged=bool(res.converged and np.isfinite(res.vlb)), message=res.message, trace=trace,
+                     engine=engine, evaluations=res.evaluations,
+                     hyperparameter_rounds=int(res.extras.get("lbfgsb_steps", 0)),
+                     seconds=time.perf_counter() - t0, prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1],
+                     subset=subset, extras=dict(res.extras), gap=float(res.gap))
 
 
 def _check_engine_options(options, run):

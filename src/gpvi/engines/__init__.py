@@ -9,14 +9,19 @@
 ``dual``       L-BFGS-B on the dual (Khan et al. 2013; Gaussian, Poisson, Bernoulli only)
 ``ivsgpr``     minibatch stochastic mirror ascent learning θ and Z online (Cheng & Boots 2016;
                sparse GP, Gaussian likelihood)
+``jj``         Jaakkola–Jordan bound, analytic ξ, μ, Σ (Izmailov & Kropotov 2017; Bernoulli logit)
+``taylor``     Taylor expansion at the marginal means, analytic μ, Σ (same paper)
+``jj-hybrid``  JJ rounds alternating with L-BFGS-B on ξ (and θ)
+``jj-full``    L-BFGS-B on ξ (and θ), μ, Σ analytic
 ``sfp``        stochastic fixed point: natural-parameter averaging over minibatches
 ``svi``        minibatch AdaDelta/Adam on (m, chol V[, θ]) (Hensman et al. 2015)
 =============  ==================================================================
 """
-from . import dual, fpb, fpi, gradient, ivsgpr, laplace, sfp, svi
+from . import dual, fpb, fpi, gradient, ivsgpr, jj, laplace, sfp, svi
 from ._common import EngineResult
 
 ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run, "laplace": laplace.run,
            "dual": dual.run, "svi": svi.run, "sfp": sfp.run, "ivsgpr": ivsgpr.run}
+ENGINES.update({"jj": jj.run_jj, "taylor": jj.run_taylor, "jj-hybrid": jj.run_hybrid, "jj-full": jj.run_full})
 
 __all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient", "laplace"]
