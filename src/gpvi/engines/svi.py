@@ -11,6 +11,8 @@ one epoch (a pass over the data).  Full-data VLBs for the trace are computed eve
 """
 from __future__ import annotations
 
+import functools
+
 from functools import partial
 
 import jax
@@ -27,11 +29,17 @@ OPTIMIZERS = ("adadelta", "adam")
 DEFAULT_RATES = {"adadelta": 1.0, "adam": 0.01}
 
 
+@functools.lru_cache(maxsize=64)
 def _optimizer(name, rate):
+    # Cached: the optimiser is a static argument of the compiled step, and a fresh optax object
+    # per fit (new closures, new hash) made every fit compile the step again (15–33 s).
     if name == "adadelta":
         # climin's Adadelta as used by Izmailov & Kropotov: decay 0.9, offset 1e-6 (optax's ε)
         return optax.adadelta(learning_rate=rate, rho=0.9, eps=1e-6)
     return optax.adam(learning_rate=rate)
+
+
+_prior_cache = jax.jit(lambda m: m.prior_cache(None))
 
 
 def _negative_bound(params, model, names, batch, scale, prior, blocks):
@@ -108,7 +116,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     theta = flatten_params(model, list(names)) if names else {}
     params = (state.mean, state.chol, theta)
     opt_state = opt.init(params)
-    prior = None if names else jax.jit(lambda m: m.prior_cache(None))(model)
+    prior = None if names else _prior_cache(model)
     box = {"params": params, "opt_state": opt_state}
 
     def current():
