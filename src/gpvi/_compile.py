@@ -4,8 +4,8 @@ Every compiled program is specialised to its array shapes, so every new training
 used to cost 5–8 s of compilation before the first fit (and cross-validation paid it on every
 fold of a different size).  Two remedies:
 
-- :func:`bucket`: row counts are padded up a geometric ladder (ratio 2^(1/4), at most 19 %
-  padding) with masked rows, so sizes that fall in one bucket share their compiled programs.
+- :func:`bucket`: row counts are padded up a geometric ladder (ratio 2^(1/4), at most 20 %
+  padding beyond 128 rows) with masked rows, so sizes that fall in one bucket share their compiled programs.
   The chunked data sums already ignore masked rows (:func:`gpvi.objective.make_chunks`).
 - :func:`enable_persistent_cache`: compiled programs are also kept on disk, so a new process
   (a script run again, a worker of a parallel search) loads instead of compiling.  gpvi turns
@@ -31,15 +31,26 @@ _LADDER_STEPS_PER_DOUBLING = 4
 
 
 def bucket(n: int) -> int:
-    """The smallest ladder size ≥ ``n`` (16, 24, 24, 32, 40, 48, 56, 64, 80, 96, …; ratio
-    2^(1/4) between rungs, multiples of 8)."""
+    """The smallest ladder size ≥ ``n``: 16, 24, 32, 40, 48, 56, 64, 80, 88, 104, 128, 152, 184, …
+    (``16 · 2^(k/4)`` rounded to a multiple of 8; at most 20 % padding beyond 128 rows)."""
     n = int(n)
-    if n <= _LADDER_BASE:
-        return _LADDER_BASE
-    k = math.ceil(_LADDER_STEPS_PER_DOUBLING * math.log2(n / _LADDER_BASE) - 1e-12)
-    size = _LADDER_BASE * 2.0 ** (k / _LADDER_STEPS_PER_DOUBLING)
-    size = 8 * math.ceil(size / 8 - 1e-9)
-    return max(size, n)
+    k = 0
+    while True:
+        size = 8 * round(_LADDER_BASE * 2.0 ** (k / _LADDER_STEPS_PER_DOUBLING) / 8)
+        if size >= n:
+            return size
+        k += 1
+
+
+def strong_parameters(model):
+    """``model`` with every parameter a strongly typed float64 array.
+
+    A Python float given by the user becomes a *weakly* typed JAX scalar, and the learned values
+    are strongly typed: the same programs were compiled twice per shape, once for each."""
+    import numpy as np
+
+    params = model.parameters()
+    return model.with_parameters({k: np.asarray(v, np.float64) for k, v in params.items()}, check=False)
 
 
 def default_cache_dir() -> str:

@@ -25,6 +25,7 @@ import threadpoolctl
 from threadpoolctl import threadpool_limits
 
 from . import collapsed
+from ._compile import strong_parameters
 from ._module import flatten_params, unflatten_params
 from .engines import ENGINES
 from .engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
@@ -342,7 +343,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         subset = _check_subset(subset, X.shape[0], seed)
         X, y = X[subset], y[subset]
         offset = None if offset is None else offset[subset]
-    model = model.initialise(X, y, seed=seed)
+    model = strong_parameters(model.initialise(X, y, seed=seed))  # one compiled program per shape, not two
     D = model.input_dim()
     if D is not None and D != X.shape[1]:
         raise ValueError(f"X has {X.shape[1]} columns but the model's inputs have {D}")
