@@ -39,7 +39,7 @@ from sklearn.utils.multiclass import check_classification_targets, type_of_targe
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import io as _gio
-from . import kernels, likelihoods
+from . import damping as _damping, kernels, likelihoods
 from .fit import _check_offset, fit as _fit, learnable_parameters
 from .models import GP, SparseGP, _pandas_to_array, check_input_range
 
@@ -203,6 +203,9 @@ class _GPEstimator(BaseEstimator):
                                 offset=offset, seed=seed)
         self.model_kind_ = kind
         self.n_iter_ = max(1, int(self.fit_result_.iterations))
+        # damped fixed-point steps over the whole fit (hyperparameter search included)
+        self.n_damped_steps_ = int(self.fit_result_.backtracks)
+        _damping.warn_if_dominated(self.fit_result_, stacklevel=4)
         return self
 
     @property
@@ -285,6 +288,7 @@ class _GPEstimator(BaseEstimator):
                 raise KeyError(name)
             setattr(est, name, _decode_labels(spec, arrays.get(f"fitted.{name}")))
         est.fit_result_ = _gio.fit_result_from_arrays(meta["fit"], arrays, "fit")
+        est.n_damped_steps_ = int(est.fit_result_.backtracks)
         return est
 
 
@@ -322,6 +326,9 @@ _FITTED_DOC = """
     vlb_trace_ : (K, 2) array of (seconds, VLB) per iteration
     n_iter_ : int, engine iterations of the final run (counted as 1 when a warm-started final
         run after hyperparameter learning stops at once)
+    n_damped_steps_ : int, damped (VLB-lowering, rejected) fixed-point steps over the whole fit,
+        hyperparameter search included; a :class:`gpvi.damping.DampingWarning` is raised when
+        they were at least 25 % of the passes over the data (and at least 50)
     model_kind_ : "full" or "sparse"
     n_features_in_, feature_names_in_ : number and (for DataFrames) names of the input columns
     x_mean_, x_scale_ : (D,) arrays used to standardise the inputs (0 and 1 when
