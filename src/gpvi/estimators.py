@@ -39,7 +39,7 @@ from sklearn.utils.multiclass import check_classification_targets, type_of_targe
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import io as _gio
-from . import damping as _damping, kernels, likelihoods
+from . import _defaults, damping as _damping, kernels, likelihoods
 from .fit import _check_offset, fit as _fit, learnable_parameters
 from .models import GP, SparseGP, _pandas_to_array, check_input_range
 
@@ -178,10 +178,13 @@ class _GPEstimator(BaseEstimator):
             self.x_scale_ = np.ones(D)
         Xs = (X - self.x_mean_) / self.x_scale_
         kernel = self.kernel
+        # Default kernel: ARD RBF, learned isotropic first, lengthscales started at the median
+        # distance (gpvi._defaults).
+        two_stage = kernel is None and D > 1 and self.learn_hyperparameters is True
         if kernel is None:
-            # ARD RBF; lengthscales 1 in standardised units (the feature spreads otherwise).
-            sd = Xs.std(axis=0)
-            kernel = kernels.RBF(variance=1.0, lengthscale=np.where(sd > 0, sd, 1.0))
+            kernel = _defaults.isotropic_start(Xs)
+            if not two_stage:
+                kernel = _defaults.ard_from(kernel, D)
         likelihood, mean0 = self._likelihood(y_int, offset)
         kind = self.model
         if kind == "auto":
@@ -201,10 +204,19 @@ class _GPEstimator(BaseEstimator):
         self.fit_result_ = _fit(model, Xs, y_int, engine=self.engine, learn_hyperparameters=learn,
                                 tol=float(self.tol), max_iter=self.max_iter, max_rounds=self.max_rounds,
                                 offset=offset, seed=seed)
+        damped = int(self.fit_result_.backtracks)
+        if two_stage:  # then ARD from the isotropic optimum and its variational state
+            first = self.fit_result_
+            model = first.model.replace(kernel=_defaults.ard_from(first.model.kernel, D))
+            self.fit_result_ = _fit(model, Xs, y_int, engine=self.engine, learn_hyperparameters=learn,
+                                    tol=float(self.tol), max_iter=self.max_iter, max_rounds=self.max_rounds,
+                                    offset=offset, seed=seed, init=first.state)
+            self.fit_result_.seconds += first.seconds
+            damped += int(self.fit_result_.backtracks)
         self.model_kind_ = kind
         self.n_iter_ = max(1, int(self.fit_result_.iterations))
         # damped fixed-point steps over the whole fit (hyperparameter search included)
-        self.n_damped_steps_ = int(self.fit_result_.backtracks)
+        self.n_damped_steps_ = damped
         _damping.warn_if_dominated(self.fit_result_, stacklevel=4)
         return self
 
@@ -255,6 +267,7 @@ class _GPEstimator(BaseEstimator):
             else:
                 params[k] = _json_value(v)
         fitted = {"n_features_in_": int(self.n_features_in_), "n_iter_": int(self.n_iter_),
+                  "n_damped_steps_": int(self.n_damped_steps_),
                   "model_kind_": self.model_kind_, "labels": {}}
         for name in ("x_mean_", "x_scale_") + self._fitted_arrays:
             arrays[f"fitted.{name}"] = np.asarray(getattr(self, name))
@@ -288,7 +301,7 @@ class _GPEstimator(BaseEstimator):
                 raise KeyError(name)
             setattr(est, name, _decode_labels(spec, arrays.get(f"fitted.{name}")))
         est.fit_result_ = _gio.fit_result_from_arrays(meta["fit"], arrays, "fit")
-        est.n_damped_steps_ = int(est.fit_result_.backtracks)
+        est.n_damped_steps_ = int(fitted.get("n_damped_steps_", est.fit_result_.backtracks))
         return est
 
 
