@@ -181,3 +181,13 @@ def test_hyperparameters_benchmark_quick(tmp_path):
             for fold in S["folds"]:
                 assert fold["methods"]["fpi:sparse"]["hyperparameters"]["variance"] != 1.0
     assert "Fig. 4" in (tmp_path / "hyperparameters_quick.md").read_text()
+
+
+@pytest.mark.slow
+def test_everyday_benchmark_quick(tmp_path):
+    out = _run("everyday.py", tmp_path)
+    rows = {r["name"]: r for r in out["summary"]}
+    assert set(rows) == {"breast_cancer", "diabetes"}
+    assert rows["breast_cancer"]["gpvi_metric"] < 0.2  # error rate of the default classifier
+    # the second split has the first's training size: its fit reuses the compiled programs
+    assert rows["breast_cancer"]["later_over_first"] < 1.0

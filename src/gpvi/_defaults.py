@@ -12,7 +12,7 @@ learned in two stages:
    on USPS 3-vs-5.)
 2. **ARD**: every lengthscale starts at the isotropic value and the search continues from
    the first stage's parameters *and* its variational state (``init=``), for at most
-   ``max_rounds`` L-BFGS-B iterations.
+   :data:`ARD_ROUNDS` (30) L-BFGS-B iterations (``max_rounds`` if smaller).
 
 The median distance is computed on at most 1 000 rows (a fixed random subset).
 """
@@ -22,7 +22,13 @@ import numpy as np
 
 from . import kernels
 
-__all__ = ["median_distance", "isotropic_start", "ard_from"]
+__all__ = ["median_distance", "isotropic_start", "ard_from", "ARD_ROUNDS"]
+
+# L-BFGS-B rounds of the ARD stage.  Measured on musk (1 000 rows, first 60 features, logistic,
+# full GP): the isotropic stage reached test error 0.052 (NLPD 0.142) in 18 rounds; 30 ARD
+# rounds from there raised the bound by 37 nats but not the test error (0.055, NLPD 0.179)
+# and took longer than the isotropic stage (214 s against 149 s on a loaded 2-core machine).
+ARD_ROUNDS = 30
 
 
 def median_distance(X, rows: int = 1000, seed: int = 0) -> float:

@@ -14,9 +14,12 @@ sparse GP with ``inducing`` k-means inducing inputs otherwise (``model="auto"``;
 either with ``model="full"`` or ``"sparse"``).  Inputs are NumPy arrays or pandas
 DataFrames (column names are recorded in ``feature_names_in_`` and checked at predict time),
 optionally standardised (``standardize=True``, the default).  The default kernel is an RBF
-with one lengthscale per feature (ARD), all starting at 1 on standardised inputs; kernel
-variance, lengthscales, the constant prior mean and the likelihood's parameters are learned
-by maximising the variational lower bound (``learn_hyperparameters=True``).
+with one lengthscale per feature (ARD); kernel variance, lengthscales, the constant prior mean
+and the likelihood's parameters are learned by maximising the variational lower bound
+(``learn_hyperparameters=True``) in two stages (:mod:`gpvi._defaults`): first one lengthscale
+shared by all features, started at the median distance between training rows, then one per
+feature from there.  With a Gaussian likelihood the bound is the closed-form collapsed bound
+(:mod:`gpvi.collapsed`).
 
 After ``fit`` every estimator exposes ``fit_result_`` (the :class:`gpvi.FitResult`), ``vlb_``
 (final bound, nats) and ``vlb_trace_`` ((K, 2) array of (seconds, VLB) per iteration).
@@ -209,8 +212,9 @@ class _GPEstimator(BaseEstimator):
             first = self.fit_result_
             model = first.model.replace(kernel=_defaults.ard_from(first.model.kernel, D))
             self.fit_result_ = _fit(model, Xs, y_int, engine=self.engine, learn_hyperparameters=learn,
-                                    tol=float(self.tol), max_iter=self.max_iter, max_rounds=self.max_rounds,
-                                    offset=offset, seed=seed, init=first.state)
+                                    tol=float(self.tol), max_iter=self.max_iter,
+                                    max_rounds=min(self.max_rounds, _defaults.ARD_ROUNDS), offset=offset,
+                                    seed=seed, init=first.state)
             self.fit_result_.seconds += first.seconds
             damped += int(self.fit_result_.backtracks)
         self.model_kind_ = kind
@@ -308,12 +312,22 @@ class _GPEstimator(BaseEstimator):
 _COMMON_DOC = """
     kernel : gpvi kernel or None
         Covariance function on the (standardised) inputs.  None (default): an RBF kernel
-        with variance 1 and one lengthscale per feature (ARD), all 1 on standardised inputs.
+        with one lengthscale per feature (ARD), started at variance 1 and lengthscales equal to
+        the median distance between training rows (on at most 1 000 rows).  When all
+        hyperparameters are learned (``learn_hyperparameters=True``) and there are several
+        features, one shared (isotropic) lengthscale is learned first — a few parameters, a few
+        L-BFGS-B rounds, a sensible start in any dimension — and the ARD search continues from
+        its optimum and variational state for at most 30 rounds (``max_rounds`` if smaller).
         The argument is never modified; the learned kernel is in ``fit_result_.model.kernel``.
     model : {"auto", "full", "sparse"}
         ``"auto"``: a full GP when the training set has at most ``full_max`` rows, a sparse
         GP otherwise.
-    full_max : int, default 1000
+    full_max : int, default 1000 for GPRegressor, 500 for the others
+        Largest training set fitted by a full GP under ``model="auto"``.  With Gaussian noise
+        the hyperparameters are learned on the closed-form collapsed bound and a full GP of
+        1 000 rows is cheap; for other likelihoods every evaluation runs the engine on an
+        N×N problem: on 1 000 rows × 60 features (musk, logistic) the full GP took 363 s
+        and the sparse one (M = 200) 40 s, test error 0.055 against 0.068.
     inducing : int, default 200
         Number of inducing inputs of a sparse GP (k-means centres of the standardised
         inputs), capped at the number of distinct training rows.
@@ -387,7 +401,7 @@ class GPClassifier(ClassifierMixin, _LabelEstimator):
     classes_ : (2,) array of the class labels, sorted""" + _FITTED_DOC + """
     """
 
-    def __init__(self, kernel=None, *, model="auto", full_max=1000, inducing=200, engine="fpi",
+    def __init__(self, kernel=None, *, model="auto", full_max=500, inducing=200, engine="fpi",
                  learn_hyperparameters=True, standardize=True, tol=1e-6, max_iter=500, max_rounds=100,
                  random_state=0, link="logit"):
         self.kernel = kernel
@@ -447,7 +461,7 @@ class GPOrdinalRegressor(ClassifierMixin, _LabelEstimator):
 
     _fixed_parameters = ("mean", "likelihood.shape")
 
-    def __init__(self, kernel=None, *, model="auto", full_max=1000, inducing=200, engine="fpi",
+    def __init__(self, kernel=None, *, model="auto", full_max=500, inducing=200, engine="fpi",
                  learn_hyperparameters=True, standardize=True, tol=1e-6, max_iter=500, max_rounds=100,
                  random_state=0):
         self.kernel = kernel
@@ -590,7 +604,7 @@ class GPCountRegressor(_ValueEstimator):
     ----------""" + _FITTED_DOC + """
     """
 
-    def __init__(self, kernel=None, *, model="auto", full_max=1000, inducing=200, engine="fpi",
+    def __init__(self, kernel=None, *, model="auto", full_max=500, inducing=200, engine="fpi",
                  learn_hyperparameters=True, standardize=True, tol=1e-6, max_iter=500, max_rounds=100,
                  random_state=0):
         self.kernel = kernel
