@@ -191,3 +191,11 @@ def test_everyday_benchmark_quick(tmp_path):
     assert rows["breast_cancer"]["gpvi_metric"] < 0.2  # error rate of the default classifier
     # the second split has the first's training size: its fit reuses the compiled programs
     assert rows["breast_cancer"]["later_over_first"] < 1.0
+
+
+@pytest.mark.slow
+def test_first_fit_benchmark_quick(tmp_path):
+    out = _run("first_fit.py", tmp_path)
+    assert set(out["runs"]) == {"after, cache off", "after, empty cache", "after, filled cache (new process)"}
+    for run in out["runs"].values():
+        assert len(run["regression_full"]) == len(run["classification_sparse"]) == 2
