@@ -1,7 +1,10 @@
 """The estimators' default kernel and how its hyperparameters are learned (issue 19, item 4).
 
 With ``kernel=None`` the estimators use an RBF kernel with one lengthscale per feature (ARD),
-learned in two stages:
+all started at the median distance between rows.  For likelihoods other than Gaussian it is
+learned in two stages (a Gaussian likelihood's closed-form collapsed bound is cheap enough to
+search directly, and a first stage with other parameter shapes would compile every program
+twice):
 
 1. **isotropic**: one lengthscale shared by all features, started at the median distance
    between (standardised) training rows, learned together with the kernel variance, the mean

@@ -181,14 +181,16 @@ class _GPEstimator(BaseEstimator):
             self.x_scale_ = np.ones(D)
         Xs = (X - self.x_mean_) / self.x_scale_
         kernel = self.kernel
-        # Default kernel: ARD RBF, learned isotropic first, lengthscales started at the median
-        # distance (gpvi._defaults).
-        two_stage = kernel is None and D > 1 and self.learn_hyperparameters is True
+        likelihood, mean0 = self._likelihood(y_int, offset)
+        # Default kernel: ARD RBF, lengthscales started at the median distance, learned isotropic
+        # first (gpvi._defaults) -- except with Gaussian noise, whose collapsed bound is cheap to
+        # search directly (a first stage would compile every program twice: other shapes).
+        two_stage = (kernel is None and D > 1 and self.learn_hyperparameters is True
+                     and type(likelihood) is not likelihoods.Gaussian)
         if kernel is None:
             kernel = _defaults.isotropic_start(Xs)
             if not two_stage:
                 kernel = _defaults.ard_from(kernel, D)
-        likelihood, mean0 = self._likelihood(y_int, offset)
         kind = self.model
         if kind == "auto":
             kind = "full" if n <= self.full_max else "sparse"
@@ -314,8 +316,9 @@ _COMMON_DOC = """
         Covariance function on the (standardised) inputs.  None (default): an RBF kernel
         with one lengthscale per feature (ARD), started at variance 1 and lengthscales equal to
         the median distance between training rows (on at most 1 000 rows).  When all
-        hyperparameters are learned (``learn_hyperparameters=True``) and there are several
-        features, one shared (isotropic) lengthscale is learned first — a few parameters, a few
+        hyperparameters are learned (``learn_hyperparameters=True``), there are several
+        features and the likelihood is not Gaussian, one shared (isotropic) lengthscale is
+        learned first — a few parameters, a few
         L-BFGS-B rounds, a sensible start in any dimension — and the ARD search continues from
         its optimum and variational state for at most 30 rounds (``max_rounds`` if smaller).
         The argument is never modified; the learned kernel is in ``fit_result_.model.kernel``.
