@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite's own cache (below) replaces gpvi's per-user one; GPVI_TEST_JAX_CACHE=0 means none.
+os.environ.setdefault("GPVI_COMPILATION_CACHE", "0")
 
 import gpvi  # noqa: E402,F401  (enables float64 before any test builds arrays)
 import jax  # noqa: E402

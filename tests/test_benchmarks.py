@@ -223,3 +223,21 @@ def test_izmailov2017_benchmark_quick(tmp_path):
     verdicts = {r["verdict"] for r in out["claims"]}
     assert verdicts <= {"holds", "partly", "does not hold", "not run (svi not merged yet)"}
     assert (tmp_path / "izmailov2017_quick.md").read_text().count("| german_numer |") >= 3
+
+
+@pytest.mark.slow
+def test_everyday_benchmark_quick(tmp_path):
+    out = _run("everyday.py", tmp_path)
+    rows = {r["name"]: r for r in out["summary"]}
+    assert set(rows) == {"breast_cancer", "diabetes"}
+    assert rows["breast_cancer"]["gpvi_metric"] < 0.2  # error rate of the default classifier
+    # the second split has the first's training size: its fit reuses the compiled programs
+    assert rows["breast_cancer"]["later_over_first"] < 1.0
+
+
+@pytest.mark.slow
+def test_first_fit_benchmark_quick(tmp_path):
+    out = _run("first_fit.py", tmp_path)
+    assert set(out["runs"]) == {"after, cache off", "after, empty cache", "after, filled cache (new process)"}
+    for run in out["runs"].values():
+        assert len(run["regression_full"]) == len(run["classification_sparse"]) == 2

@@ -8,6 +8,12 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+from ._compile import enable_persistent_cache  # noqa: E402
+
+# Compiled programs are kept on disk (~/.cache/gpvi/jax; GPVI_COMPILATION_CACHE=0 turns it off):
+# a new process loads instead of compiling (see gpvi._compile).
+enable_persistent_cache()
+
 from . import diagnostics, engines, io, kernels, likelihoods, metrics  # noqa: E402
 from ._module import Module, param, static  # noqa: E402
 from .fit import FitResult, fit, learnable_parameters  # noqa: E402

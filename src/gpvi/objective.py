@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .models import Model, kl_standard_normal
+from .models import GLM, Model, SparseGP, kl_standard_normal
 
 __all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]
 
@@ -69,17 +69,23 @@ def prior_state(d: int) -> State:
     return State(jnp.asarray(np.zeros(d)), jnp.asarray(np.eye(d)))
 
 
-def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK) -> Chunks:
+def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK, bucketed: bool = False) -> Chunks:
     """Split (N, D) inputs and (N,) targets/offsets into padded (C, n, ·) chunks.
 
     The fewest chunks of at most ``chunk_size`` rows, all of one size ``n``: padding is then
     under C rows, where chunks of exactly ``chunk_size`` rows would pad up to ``chunk_size − 1``
     (N = 2049 would cost two full chunks; at N = 20 000 the 2.4 % padding cost ~4 % of a pass).
+    With ``bucketed``, ``n`` is rounded up to :func:`gpvi._compile.bucket` (at most
+    ``chunk_size``), so that nearby N share one chunk shape and hence one compiled program.
     """
     X = np.asarray(X, dtype=np.float64)
     N = X.shape[0]
     C = -(-N // int(max(1, chunk_size)))
     n = -(-N // C) if C else 1
+    if bucketed:
+        from ._compile import bucket
+
+        n = max(n, min(bucket(n), int(chunk_size)))
     pad = C * n - N
     y = np.zeros(N) if y is None else np.asarray(y, dtype=np.float64)
     offset = np.zeros(N) if offset is None else np.asarray(offset, dtype=np.float64)
@@ -335,6 +341,20 @@ def _setup(model, X, chunk_X, cached, blocks):
     return prior, finite, jnp.zeros(chunk_X.shape[:1] + (0,))
 
 
+def bucketable(model) -> bool:
+    """Whether ``model``'s data sums are taken over rows padded to a size bucket
+    (:func:`gpvi._compile.bucket`): the sparse GP and the GLM, whose weights do not depend on
+    N.  (A full GP has one weight per row: padding would change its prior; see
+    :mod:`gpvi.collapsed` for the Gaussian case, where padding is exact.)"""
+    return type(model) in (SparseGP, GLM)
+
+
+def prior_inputs(model, X, chunks: Chunks):
+    """The inputs :meth:`Model.prior_cache` is compiled for: the padded rows of ``chunks`` for a
+    :func:`bucketable` model (which ignores them), so its shape is the bucket's, else ``X``."""
+    return chunks.X.reshape((-1,) + chunks.X.shape[2:]) if bucketable(model) else X
+
+
 class Objective:
     """The VLB of ``model`` on data ``(X, y)``, and the sums the engines need.
 
@@ -355,15 +375,15 @@ class Objective:
         self.model = model
         self.X = jnp.asarray(X, dtype=jnp.float64)
         self.num_data = int(self.X.shape[0])
-        self.chunks = make_chunks(X, y, offset, chunk_size)
+        self.chunks = make_chunks(X, y, offset, chunk_size, bucketed=bucketable(model))
         self.dim = model.num_weights(X)
         C, n = self.chunks.mask.shape
         self.cached = C * n * (self.dim + 2) * 8 <= cache_bytes
         self.blocks = num_blocks(self.dim) if blocks is None else int(blocks)
         if not 1 <= self.blocks <= self.dim:
             raise ValueError(f"blocks must be between 1 and the number of weights ({self.dim}), got {blocks!r}")
-        self.prior, self._prior_finite, self.proj = _setup(model, self.X, self.chunks.X, self.cached,
-                                                           self.blocks)
+        self.prior, self._prior_finite, self.proj = _setup(model, prior_inputs(model, self.X, self.chunks),
+                                                           self.chunks.X, self.cached, self.blocks)
         self.num_evaluations = 0
 
     # -- the three sums ------------------------------------------------------------------
