@@ -13,6 +13,8 @@ from ._module import Module, param, static  # noqa: E402
 from .fit import FitResult, fit, learnable_parameters  # noqa: E402
 from .models import GLM, GP, Model, SparseGP  # noqa: E402
 from .objective import Objective, State, prior_state  # noqa: E402
+from . import montecarlo  # noqa: E402
+from .montecarlo import MonteCarlo  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -33,4 +35,5 @@ __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
     "static", "io", "diagnostics", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
+    "montecarlo", "MonteCarlo",
 ]
