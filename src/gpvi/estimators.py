@@ -40,6 +40,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import io as _gio
 from . import kernels, likelihoods
+from .warped import Warped
 from .fit import _check_offset, fit as _fit, learnable_parameters
 from .models import GP, SparseGP, _pandas_to_array, check_input_range
 
@@ -471,7 +472,8 @@ class _ValueEstimator(RegressorMixin, _GPEstimator):
         return 1.0, 0.0
 
 
-_NOISES = {"gaussian": likelihoods.Gaussian, "laplace": likelihoods.Laplace, "studentt": likelihoods.StudentT}
+_NOISES = {"gaussian": likelihoods.Gaussian, "laplace": likelihoods.Laplace, "studentt": likelihoods.StudentT,
+           "warped": Warped}
 
 
 class GPRegressor(_ValueEstimator):
@@ -483,7 +485,10 @@ class GPRegressor(_ValueEstimator):
 
     Parameters
     ----------""" + _COMMON_DOC + """
-    noise : {"gaussian", "laplace", "studentt"}, default "gaussian"
+    noise : {"gaussian", "laplace", "studentt", "warped"}, default "gaussian"
+        ``"warped"``: Gaussian noise on ``t(y)``, a monotone tanh-sum warping of the
+        (standardised) targets with three terms, learned with the other hyperparameters
+        (:class:`gpvi.warped.Warped`); predictions are in the original units.
     noise_scale : float, default 0.1
         Starting value (the fixed value when not learned) of the noise standard deviation
         (Gaussian) or scale (Laplace, Student-t), in units of the standardised targets when
@@ -537,6 +542,10 @@ class GPRegressor(_ValueEstimator):
             return likelihoods.Gaussian(variance=s**2), 0.0
         if self.noise == "laplace":
             return likelihoods.Laplace(scale=s), 0.0
+        if self.noise == "warped":
+            # start near the identity map, the three terms spread over the standardised range
+            return Warped(likelihoods.Gaussian(variance=s**2), a=[0.3, 0.3, 0.3], b=[1.0, 1.0, 1.0],
+                          c=[1.0, 0.0, -1.0]), 0.0
         return likelihoods.StudentT(scale=s, df=float(self.df)), 0.0
 
     def _target_scale(self):
