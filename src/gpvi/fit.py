@@ -27,11 +27,13 @@ from threadpoolctl import threadpool_limits
 from ._module import flatten_params, unflatten_params
 from .engines import ENGINES
 from .engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
+from .executors import BlockObjective, block_layout, resolve_executor
 from .likelihoods import Bernoulli, Ordinal, _as_array, _is_real_dtype
-from .models import Model, _check_X
+from .models import GP, Model, _check_X
 from .objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Objective, State, make_chunks, prior_state, \
     vlb_in_hyperparameters
 from .predict import latent_moments, likelihood_call
+from .sources import ArraySource, Source
 
 __all__ = ["fit", "FitResult", "learnable_parameters"]
 
@@ -236,12 +238,12 @@ class _SharedBlasLimit:
 _BLAS_LIMIT = _SharedBlasLimit()
 
 
-def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
+def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=False,
         learn_inducing: bool = False, tol: float = 1e-6, tol_nats: float | None = None, max_iter: int = 500,
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
-        callback=None, engine_options: dict | None = None, subset=None) -> FitResult:
+        callback=None, engine_options: dict | None = None, subset=None, executor=None) -> FitResult:
     """Fit a latent Gaussian model by variational inference.
 
     Parameters
@@ -282,6 +284,13 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         ``{"clip_gamma": "always"}`` for fpi/fpb, ``{"history": 50}`` for gradient).
     subset : subset of data (Sheth et al. 2015, §5): an int ``n`` (a random subset of ``n``
         rows, drawn with ``seed``) or an array of row indices; only those rows are used.
+    executor : where the data pass runs (:mod:`gpvi.executors`): None (in this process, on
+        in-memory chunks: the fastest path for data that fits), ``"local"`` (in this process,
+        block by block, keeping at most ``cache_bytes`` of rows and projections in memory) or a
+        ``dask.distributed.Client`` (blocks kept on the cluster's workers).  ``X`` may also be a
+        :class:`gpvi.sources.Source` (``NpySource``, ``ParquetSource``: files read block by block
+        in every pass) with ``y=None``.  Every executor gives the same result; engines that keep
+        per-row state (``dual``, ``laplace``, ``init="laplace"``) need the default.
 
     Returns
     -------
@@ -323,7 +332,13 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
                              f"known: {sorted(model.transforms())}")
         learn_hyperparameters = names
+    source = None
+    blockwise = isinstance(X, Source) or executor is not None
+    if blockwise:
+        source, X, y = _block_source(X, y, model, offset, exposure, subset, init, engine, seed)
     X = _check_X(X, "X")
+    if y is None:
+        raise ValueError("y is required (it may be None only when X is a gpvi.sources Source)")
     y = _as_array(y, "y")
     if y.ndim != 1:
         raise ValueError(f"y must be a 1-D array of observations, got shape {y.shape}")
@@ -337,6 +352,11 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
             raise ValueError("exposure must be positive")
         offset = np.log(expo) + (0.0 if offset is None else offset)
     options = _check_engine_options(engine_options, ENGINES[engine])
+    if blockwise:
+        if source is None:
+            source = ArraySource(X, y, offset)
+        plan = resolve_executor(executor).open(source, block_layout(source, chunk_size), model.likelihood,
+                                               cache_bytes)
     if subset is not None:
         subset = _check_subset(subset, X.shape[0], seed)
         X, y = X[subset], y[subset]
@@ -358,7 +378,10 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
     takes_gap = "tol_nats" in inspect.signature(run).parameters
 
     def infer(mdl, start, tol_, quiet=False, obj=None):
-        if obj is None:
+        if obj is None and source is not None:
+            obj = BlockObjective(mdl, source, plan=plan, prior_X=X if isinstance(mdl, GP) else None)
+            obj.check_prior()
+        elif obj is None:
             obj = Objective(mdl, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
             obj.check_prior()
         t_offset[0] = time.perf_counter() - t0
@@ -405,7 +428,7 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
                                  f"known: {sorted(model.transforms())}")
             model, rounds, hyper_trace = _learn(model, names, X, y, offset, res.state, infer, tol,
                                                 max_rounds, chunk_size, counts, t0, cb,
-                                                laplace=engine == "laplace")
+                                                laplace=engine == "laplace", blockwise=source is not None)
             obj, res, trace = infer(model, hyper_trace.pop("state"), tol)
             traces = [np.asarray(hyper_trace["rows"]).reshape(-1, 2)]
             counts[0] += res.backtracks
@@ -416,6 +439,8 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
         release_blas()
         if prog is not None:
             prog.close()
+        if source is not None:
+            plan.close()
     backtracks, cycles, evals, clipped = counts
     message = res.message
     if learn_hyperparameters:
@@ -426,6 +451,43 @@ def fit(model: Model, X, y, *, engine: str = "fpi", learn_hyperparameters=False,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
                      prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
                      subset=subset, extras=dict(res.extras), gap=float(res.gap))
+
+
+#: Rows read for k-means placement of inducing inputs when the data come from a source.
+_KMEANS_SAMPLE = 100_000
+
+
+def _block_source(X, y, model, offset, exposure, subset, init, engine, seed):
+    """``(source, X, y)`` for a block-wise fit.  With ``X`` a Source, the returned ``X``, ``y``
+    are what ``model.initialise`` and fit's checks see: every row for a full GP (its prior needs
+    them) or a small source, else a sample of at most 100 000 rows spread over all blocks (for
+    k-means); with in-memory ``X`` the source is made after fit's checks (returned as None)."""
+    if engine in ("dual", "laplace") or (isinstance(init, str) and init == "laplace"):
+        what = f"engine={engine!r}" if engine in ("dual", "laplace") else "init='laplace'"
+        raise ValueError(f"{what} keeps per-row state and needs executor=None with in-memory X; "
+                         "use engine='fpi', 'fpb' or 'gradient' with a source or an executor")
+    if subset is not None:
+        raise ValueError("subset is not supported with a source or an executor: write the subset to its own file")
+    if isinstance(X, Source):
+        if y is not None:
+            raise ValueError("y must be None when X is a gpvi.sources Source (the source holds the targets)")
+        if offset is not None or exposure is not None:
+            raise ValueError("offset/exposure must be columns of the source when X is a Source")
+        source = X
+        if isinstance(model, GP) or source.num_rows <= _KMEANS_SAMPLE:
+            Xs, ys, _ = source.read_all()
+        else:
+            rng = np.random.default_rng(seed)
+            frac = _KMEANS_SAMPLE / source.num_rows
+            parts = []
+            for j in range(source.num_blocks):
+                Xb, yb, _ = source.read_block(j)
+                keep = rng.random(Xb.shape[0]) < frac
+                parts.append((Xb[keep], yb[keep]))
+            Xs = np.concatenate([p[0] for p in parts])
+            ys = np.concatenate([p[1] for p in parts])
+        return source, Xs, ys
+    return None, X, y
 
 
 def _check_engine_options(options, run):
@@ -500,7 +562,7 @@ _neg_laplace_and_grad = jax.jit(jax.value_and_grad(_neg_laplace), static_argname
 
 
 def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size, counts, t0, cb,
-           laplace=False):
+           laplace=False, blockwise=False):
     """L-BFGS-B on the profile bound; returns (model, iterations, trace dict).
 
     With ``laplace`` the objective is the Laplace log marginal likelihood, its gradient by the
@@ -509,7 +571,7 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
     """
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
-    chunks = make_chunks(X, y, offset, chunk_size)
+    chunks = None if blockwise else make_chunks(X, y, offset, chunk_size)
     Xj = jnp.asarray(X)
     inner_tol = max(tol * 1e-3, 1e-13)
     memo = {"state": state, "best": (-np.inf, None, state)}
@@ -520,7 +582,7 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
         theta = unravel(jnp.asarray(x))
         mdl = unflatten_params(model, theta)
         try:
-            _, res, _ = infer(mdl, memo["state"], inner_tol, quiet=True)
+            obj, res, _ = infer(mdl, memo["state"], inner_tol, quiet=True)
         except np.linalg.LinAlgError:
             return np.inf, np.zeros_like(x)
         counts[0] += res.backtracks
@@ -533,6 +595,8 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
             val, g = _neg_laplace_and_grad(theta, model, Xj, chunks, res.state.mean,
                                            clip=res.extras.get("hessian") == "clipped")
             vlbs[np.asarray(x).tobytes()] = res.vlb
+        elif blockwise:  # the same value and gradient, block by block on the fit's executor
+            val, g = obj.neg_vlb_and_grad(theta, model, res.state)
         else:
             val, g = _neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])

@@ -214,9 +214,14 @@ def _marginals_stacked(blocks, b, c, off, W):
     return m + b + off, c + v
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks", "want_hessian", "clip_gamma"))
-def _sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False):
-    """``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)`` over all chunks (the fields of :class:`Sums`)."""
+def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False):
+    """The raw partial sums of one pass over ``chunks``: ``(Σ E_i, Σ ρ_i a_i, lower row blocks of
+    Σ λ_i a_i a_iᵀ)`` (the last an empty tuple without ``want_hessian``).
+
+    Partial sums over disjoint sets of chunks add up (:func:`add_partials`) to the sums over
+    their union; :func:`finish_sums` turns the total into :class:`Sums`.  This is the unit of
+    work every executor of the data pass maps over the data (see :mod:`gpvi.executors`).
+    """
     lik = model.likelihood
     d = state.mean.shape[0]
     W = _stacked(state)
@@ -239,14 +244,45 @@ def _sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
         return (sE, g + Arho, S), None
 
     init = (jnp.zeros(()), jnp.zeros(d), zero_gram(d, blocks) if want_hessian else ())
-    (sE, g, S), _ = jax.lax.scan(body, init, (chunks, proj))
+    out, _ = jax.lax.scan(body, init, (chunks, proj))
+    return out
+
+
+def finish_sums(partial_sums, state, blocks, want_hessian):
+    """:class:`Sums` fields ``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)`` from the partial sums of all
+    the data (the KL term and the prior's share of the gradient added once)."""
+    sE, g, S = partial_sums
     kl = kl_standard_normal(state.mean, state.chol)
     return sE - kl, g - state.mean, (assemble_gram(S, blocks) if want_hessian else jnp.zeros((0, 0)))
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
-def _expected(model, prior, chunks, proj, state, cached, blocks):
-    """The VLB only (no derivatives)."""
+def add_partials(parts):
+    """The sum of a sequence of partial-sum pytrees, added pairwise in a fixed tree shape.
+
+    The order of the additions depends only on the number of parts, never on which worker
+    produced which part or when, so a pass gives the same bits however it was scheduled.
+    """
+    parts = list(parts)
+    if not parts:
+        raise ValueError("no partial sums to add")
+    while len(parts) > 1:
+        nxt = [jax.tree_util.tree_map(lambda a, b: a + b, parts[i], parts[i + 1])
+               for i in range(0, len(parts) - 1, 2)]
+        if len(parts) % 2:
+            nxt.append(parts[-1])
+        parts = nxt
+    return parts[0]
+
+
+@partial(jax.jit, static_argnames=("cached", "blocks", "want_hessian", "clip_gamma"))
+def _sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False):
+    """``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)`` over all chunks (the fields of :class:`Sums`)."""
+    out = _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma)
+    return finish_sums(out, state, blocks, want_hessian)
+
+
+def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
+    """``Σ E_i`` over ``chunks`` (no derivatives): the partial sum behind :meth:`Objective.vlb`."""
     lik = model.likelihood
     W = _stacked(state)
 
@@ -258,7 +294,14 @@ def _expected(model, prior, chunks, proj, state, cached, blocks):
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
 
     sE, _ = jax.lax.scan(body, jnp.zeros(()), (chunks, proj))
-    return sE - kl_standard_normal(state.mean, state.chol)
+    return sE
+
+
+@partial(jax.jit, static_argnames=("cached", "blocks"))
+def _expected(model, prior, chunks, proj, state, cached, blocks):
+    """The VLB only (no derivatives)."""
+    return _expected_pass(model, prior, chunks, proj, state, cached, blocks) \
+        - kl_standard_normal(state.mean, state.chol)
 
 
 def _all_finite(tree):
@@ -332,22 +375,26 @@ class Objective:
             )
 
 
-def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State, blocks: int | None = None):
-    """VLB recomputed from scratch for ``model`` (differentiable in its parameters).
-
-    Each chunk is rematerialised in the backward pass (``jax.checkpoint``), so the
-    gradient takes O(chunk·d + d²) memory like the forward pass.
-    """
-    prior = model.prior_cache(X)
+def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: State, blocks: int):
+    """``Σ E_i`` over ``chunks`` recomputed from ``model`` and its ``prior`` cache, differentiable
+    in both; each chunk is rematerialised in the backward pass (``jax.checkpoint``), so the
+    gradient takes O(chunk·d + d²) memory like the forward pass."""
     lik = model.likelihood
     W = _stacked(state)
-    k = num_blocks(state.mean.shape[0]) if blocks is None else blocks
 
     @jax.checkpoint
     def chunk_E(ch):
-        A, b, c = chunk_projection(model, prior, ch, None, False, k)
+        A, b, c = chunk_projection(model, prior, ch, None, False, blocks)
         m, v = _marginals_stacked(A, b, c, ch.offset, W)
         return jnp.sum(jnp.where(ch.mask > 0, lik.expected_log_prob(ch.y, m, v), 0.0))
 
     sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
+    return sE
+
+
+def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State, blocks: int | None = None):
+    """VLB recomputed from scratch for ``model`` (differentiable in its parameters); memory as
+    :func:`expected_in_hyperparameters`."""
+    k = num_blocks(state.mean.shape[0]) if blocks is None else blocks
+    sE = expected_in_hyperparameters(model, model.prior_cache(X), chunks, state, k)
     return sE - kl_standard_normal(state.mean, state.chol)
