@@ -118,6 +118,9 @@ class FitResult:
         """Class probabilities: (N, 2) for Bernoulli (columns: negative, positive class),
         (N, L) for ordinal levels 0..L−1."""
         lik = self.model.likelihood
+        if hasattr(lik, "predict_proba"):  # several classes (Softmax): (N, C)
+            m, v = self.predict_f(X, offset)
+            return np.asarray(likelihood_call(lik, "predict_proba", m, v))
         if not isinstance(lik, (Bernoulli, Ordinal)):
             raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
         m, v = self.predict_f(X, offset)
@@ -397,8 +400,12 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         return obj, res, trace
 
     d = model.num_weights(X)
+    Q = getattr(model, "num_latents", None)  # None: a single-latent model
+    if Q is not None and (engine not in ("fpi", "gradient") or init == "laplace" or source is not None):
+        raise ValueError(f"engine={engine!r}: a model with {Q} latent functions runs on engine 'fpi' or "
+                         "'gradient', in memory, from init='prior' or a State")
     if not (init is None or isinstance(init, str)):
-        init = _check_init(init, d)
+        init = _check_init(init, d, Q)
     elif init not in (None, "prior", "laplace"):
         raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State, got {init!r}")
     # On the CPU, jaxlib's Cholesky and triangular solves call SciPy's OpenBLAS, whose idle
@@ -413,7 +420,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         except BaseException:
             release_blas()
             raise
-    state = prior_state(d) if init in (None, "prior") else init
+    state = prior_state(d, Q) if init in (None, "prior") else init
     try:
         obj, res, trace = infer(model, state, tol, obj=obj)
         traces = [trace]
@@ -532,16 +539,18 @@ def _laplace_init(model, X, y, offset, chunk_size, cache_bytes):
     return obj, ENGINES["laplace"](obj, prior_state(obj.dim)).state
 
 
-def _check_init(init, d):
-    if not isinstance(init, State) or init.mean.shape != (d,) or init.chol.shape != (d, d):
-        raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State with mean ({d},) and chol ({d}, {d})")
+def _check_init(init, d, Q=None):
+    lead = () if Q is None else (Q,)
+    if not isinstance(init, State) or init.mean.shape != lead + (d,) or init.chol.shape != lead + (d, d):
+        shp = ", ".join(map(str, lead + (d,)))
+        raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State with mean ({shp}) and chol ({shp}, {d})")
     C = np.asarray(init.chol, np.float64)
     if not np.all(np.isfinite(C)) or not np.all(np.isfinite(np.asarray(init.mean))):
         raise ValueError("init contains NaN or infinite values")
     if np.any(np.triu(C, 1)):
         # The data passes need a lower-triangular factor: re-factorise V = C Cᵀ.
         try:
-            C = np.linalg.cholesky(C @ C.T)
+            C = np.linalg.cholesky(C @ np.swapaxes(C, -1, -2))
         except np.linalg.LinAlgError:
             raise ValueError("init.chol @ init.chol.T must be positive definite") from None
     return State(jnp.asarray(init.mean, jnp.float64), jnp.asarray(C))

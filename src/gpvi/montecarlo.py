@@ -109,21 +109,21 @@ def base_samples(num_samples: int, num_latents: int = 1, seed: int = 0, sampling
 
 
 def _score_terms(h, lp, control_variates):
-    """Score-function estimate of ``E[h·log p]`` per row, for a score ``h`` (S,) with ``E[h] = 0``
-    and log-densities ``lp`` (…, S).
+    """Score-function estimates of ``E[h_q·log p]`` per row, (…, Q), for scores ``h`` (S, Q) with
+    ``E[h] = 0`` and log-densities ``lp`` (…, S).
 
     With control variates: ``(1/S) Σ_s (g_s − â_{−s} h_s)`` for ``g = h·lp``, where
     ``â_{−s} = Σ_{t≠s} g_t h_t / Σ_{t≠s} h_t²`` is the variance-minimising coefficient estimated
     without sample s (leave one out), so that for i.i.d. draws the estimate stays exactly
     unbiased (a coefficient from all S samples biases it by O(1/S)).
     """
-    g = lp * h
+    g = lp[..., :, None] * h
     if not control_variates:
-        return jnp.mean(g, axis=-1)
-    G = jnp.sum(g * h, axis=-1, keepdims=True)
-    H = jnp.sum(h * h)
+        return jnp.mean(g, axis=-2)
+    G = jnp.sum(g * h, axis=-2, keepdims=True)
+    H = jnp.sum(h * h, axis=0)
     a = (G - g * h) / jnp.maximum(H - h * h, 1e-300)
-    return jnp.mean(g - a * h, axis=-1)
+    return jnp.mean(g - a * h, axis=-2)
 
 
 class MonteCarlo(Likelihood):
@@ -183,24 +183,35 @@ class MonteCarlo(Likelihood):
         return getattr(self.likelihood, name)
 
     # ---- sampled expectations --------------------------------------------------------------
-    def _eps(self, dtype):
-        return jnp.asarray(base_samples(self.num_samples, 1, self.seed, self.sampling)[:, 0], dtype)
+    @property
+    def num_latents(self) -> int:
+        return getattr(self.likelihood, "num_latents", 1)
 
     def _log_probs(self, y, m, v):
-        """``log p(y | m + √v ε_s)`` (…, S)."""
-        eps = self._eps(jnp.result_type(m, float))
-        f = m[..., None] + jnp.sqrt(v)[..., None] * eps
-        return self.likelihood.log_prob(jnp.broadcast_to(y, jnp.shape(m))[..., None], f), eps
+        """``log p(y | m + √v ε_s)`` (…, S) and the draws ε (S, Q).  With Q > 1 latents ``m, v``
+        are (…, Q) and each row's Q latents are sampled jointly from ``N(m, diag v)``."""
+        Q = self.num_latents
+        eps = jnp.asarray(base_samples(self.num_samples, Q, self.seed, self.sampling), jnp.result_type(m, float))
+        if Q == 1:
+            f = m[..., None] + jnp.sqrt(v)[..., None] * eps[:, 0]
+        else:
+            f = m[..., None, :] + jnp.sqrt(v)[..., None, :] * eps
+        yb = jnp.broadcast_to(y, jnp.shape(m)[:jnp.ndim(m) - (Q > 1)])
+        return self.likelihood.log_prob(yb[..., None], f), eps
+
+    def _score(self, lp, eps, v, cv):
+        rho = _score_terms(eps, lp, cv)
+        lam = _score_terms(eps * eps - 1.0, lp, cv)
+        if self.num_latents == 1:
+            rho, lam = rho[..., 0], lam[..., 0]
+        return rho / jnp.sqrt(v), lam / v
 
     def score_moments(self, y, m, v, control_variates=None):
         """``(E, ρ, λ)`` by the score-function estimator (with control variates unless
-        ``control_variates=False``); arrays of the shape of ``m``."""
+        ``control_variates=False``); E of the rows' shape, ρ, λ of the shape of ``m``."""
         cv = self.control_variates if control_variates is None else control_variates
         lp, eps = self._log_probs(y, m, v)
-        E = jnp.mean(lp, axis=-1)
-        rho = _score_terms(eps, lp, cv) / jnp.sqrt(v)
-        lam = _score_terms(eps * eps - 1.0, lp, cv) / v
-        return E, rho, lam
+        return (jnp.mean(lp, axis=-1),) + self._score(lp, eps, v, cv)
 
     def expected_log_prob(self, y, m, v):
         if self.estimator == "reparam":
@@ -212,10 +223,9 @@ class MonteCarlo(Likelihood):
         # vanish in value carry ρ and λ/2 as ∂/∂m and ∂/∂v.
         ms, vs = jax.lax.stop_gradient(m), jax.lax.stop_gradient(v)
         lp, eps = self._log_probs(y, ms, vs)
-        E = jnp.mean(lp, axis=-1)
-        rho = jax.lax.stop_gradient(_score_terms(eps, lp, self.control_variates) / jnp.sqrt(vs))
-        lam = jax.lax.stop_gradient(_score_terms(eps * eps - 1.0, lp, self.control_variates) / vs)
-        return E + rho * (m - ms) + 0.5 * lam * (v - vs)
+        rho, lam = (jax.lax.stop_gradient(t) for t in self._score(lp, eps, vs, self.control_variates))
+        lin = rho * (m - ms) + 0.5 * lam * (v - vs)
+        return jnp.mean(lp, axis=-1) + (lin if self.num_latents == 1 else jnp.sum(lin, axis=-1))
 
     def variational_moments(self, y, m, v):
         if self.estimator == "score":
