@@ -132,3 +132,14 @@ def test_bad_input():
         gpvi.fit(model, X, y, engine="fpb")
     with pytest.raises(ValueError, match="mean"):
         MultiLatent.full([kernels.RBF()] * 3, Softmax(num_classes=3), mean=[0.0, 1.0])
+
+
+def test_multiclass_classifier_saves_and_loads(tmp_path):
+    X, y = _three_class(n=40)
+    names = np.array(["four", "seven", "nine"])[y.astype(int)]
+    for kind in ("full", "sparse"):
+        clf = gpvi.GPClassifier(model=kind, inducing=10, learn_hyperparameters=False).fit(X, names)
+        gpvi.io.save(clf, tmp_path / f"{kind}.gpvi")
+        back = gpvi.io.load(tmp_path / f"{kind}.gpvi")
+        np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+        assert list(back.classes_) == ["four", "nine", "seven"]

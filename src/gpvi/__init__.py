@@ -15,10 +15,12 @@ from .models import GLM, GP, Model, SparseGP  # noqa: E402
 from .objective import Objective, State, prior_state  # noqa: E402
 from . import montecarlo  # noqa: E402
 from .montecarlo import MonteCarlo  # noqa: E402
-from . import pointprocess, warped  # noqa: E402
+from . import multilatent, pointprocess, softmax, warped  # noqa: E402
+from .multilatent import MultiLatent  # noqa: E402
+from .softmax import Softmax  # noqa: E402
 from .warped import Warped  # noqa: E402
 
-for _cls in (MonteCarlo, Warped):  # components outside likelihoods.py, saved in model files too
+for _cls in (MonteCarlo, Warped, Softmax, MultiLatent):  # components outside likelihoods.py/models.py, saved in model files too
     io.register(_cls)
 
 __version__ = "0.1.0"
@@ -40,5 +42,6 @@ __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
     "static", "io", "diagnostics", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
-    "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess",
+    "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess", "multilatent", "MultiLatent",
+    "softmax", "Softmax",
 ]
