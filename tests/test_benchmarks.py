@@ -181,3 +181,12 @@ def test_hyperparameters_benchmark_quick(tmp_path):
             for fold in S["folds"]:
                 assert fold["methods"]["fpi:sparse"]["hyperparameters"]["variance"] != 1.0
     assert "Fig. 4" in (tmp_path / "hyperparameters_quick.md").read_text()
+
+
+@pytest.mark.slow
+def test_stream_benchmark_quick(tmp_path):
+    out = _run("stream.py", tmp_path)
+    for r in out["results"]:
+        assert len(r["sfp_epochs"]) == 2 and r["fpi_converged"]
+        assert min(r["nlpd_rel_diff_per_epoch"]) < 0.02  # sfp from the file is near batch fpi at N = 40 000
+    assert (tmp_path / "stream_quick.md").read_text().count("hold") >= 6  # a verdict per claim and likelihood

@@ -20,6 +20,9 @@ from .multilatent import MultiLatent  # noqa: E402
 from .softmax import Softmax  # noqa: E402
 from .warped import Warped  # noqa: E402
 
+from . import stream  # noqa: E402
+from .streaming import fit_stream  # noqa: E402
+
 for _cls in (MonteCarlo, Warped, Softmax, MultiLatent):  # components outside likelihoods.py/models.py, saved in model files too
     io.register(_cls)
 
@@ -41,7 +44,7 @@ def __getattr__(name):
 __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
-    "static", "io", "diagnostics", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
+    "static", "io", "diagnostics", "stream", "fit_stream", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
     "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess", "multilatent", "MultiLatent",
     "softmax", "Softmax",
 ]

@@ -46,6 +46,7 @@ CLI_VERSION = 1
 LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential")
 MODELS = ("sparse", "full", "glm", "auto")
 ENGINES = ("fpi", "fpb", "gradient", "dual", "laplace")
+STREAM_ENGINES = ("sfp", "svi")  # minibatch engines (with or without --stream)
 CLASSIFIERS = ("bernoulli", "probit", "ordinal")
 STANDARDISED_TARGET = ("gaussian", "laplace", "studentt")  # identity link: y is standardised for the fit
 LOG_LINK = ("poisson", "exponential")
@@ -481,6 +482,12 @@ def _show_progress(args):
 
 def cmd_fit(args) -> int:
     import gpvi
+
+    if args.stream:
+        from . import _cli_stream
+
+        return _cli_stream.cmd_fit_stream(args, sys.modules[__name__])
+    args.engine = args.engine or "fpi"
 
     out = Path(args.out) if args.out else _default_out(args.data)
     _refuse_overwriting_input(out, "the model file", {"data file": args.data})
@@ -997,8 +1004,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one of: " + ", ".join(LIKELIHOODS))
     f.add_argument("-m", "--model", type=_choice("model", MODELS), default="sparse", metavar="KIND",
                    help="sparse GP (default), full GP, Bayesian GLM, or auto (full GP when N <= 1000, else sparse)")
-    f.add_argument("-e", "--engine", type=_choice("engine", ENGINES), default="fpi", metavar="ENGINE",
-                   help="inference engine: " + ", ".join(ENGINES) + " (default fpi)")
+    f.add_argument("-e", "--engine", type=_choice("engine", ENGINES + STREAM_ENGINES), default=None, metavar="ENGINE",
+                   help="inference engine: " + ", ".join(ENGINES + STREAM_ENGINES) + " (default fpi; sfp with --stream)")
     f.add_argument("-M", "--inducing", type=int, metavar="M",
                    help="inducing inputs of the sparse GP (default min(200, N)), placed by k-means")
     f.add_argument("-o", "--out", metavar="MODEL", help="model file to write (default: DATA with suffix .gpvi)")
@@ -1016,6 +1023,13 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-rounds", type=int, default=100,
                    help="iteration limit of the hyperparameter optimiser (default 100)")
     f.add_argument("--seed", type=int, default=0, help="seed of the k-means placement of inducing inputs")
+    f.add_argument("--stream", action="store_true",
+                   help="read DATA in row groups/blocks and fit by a stochastic engine (sfp, svi): for files "
+                        "larger than memory")
+    f.add_argument("--batch-size", type=int, metavar="B", help="--stream: rows per minibatch (default min(N, 1024))")
+    f.add_argument("--epochs", type=int, default=2, help="--stream: passes over the data (default 2)")
+    f.add_argument("--init-rows", type=int, default=100_000,
+                   help="--stream: rows at the head of DATA used for scalings and k-means (default 100000)")
     f.set_defaults(func=cmd_fit)
 
     p = sub.add_parser("predict", parents=[common], help="predict with a model file; writes CSV",

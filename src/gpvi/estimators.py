@@ -167,7 +167,7 @@ class _GPEstimator(BaseEstimator):
         names = getattr(self, "feature_names_in_", None)
         return None if names is None else list(names)
 
-    def _fit(self, X, y, exposure=None):
+    def _fit(self, X, y, exposure=None, _kind=None):
         self._check_params()
         _pandas_to_array(X, "X")
         X, y = validate_data(self, X, y, dtype=np.float64, order="C", y_numeric=self._y_numeric)
@@ -189,7 +189,7 @@ class _GPEstimator(BaseEstimator):
             sd = Xs.std(axis=0)
             kernel = kernels.RBF(variance=1.0, lengthscale=np.where(sd > 0, sd, 1.0))
         likelihood, mean0 = self._likelihood(y_int, offset)
-        kind = self.model
+        kind = self.model if _kind is None else _kind
         if kind == "auto":
             kind = "full" if n <= self.full_max else "sparse"
         Q = getattr(likelihood, "num_latents", 1)
@@ -222,6 +222,37 @@ class _GPEstimator(BaseEstimator):
         self.model_kind_ = kind
         self.n_iter_ = max(1, int(self.fit_result_.iterations))
         return self
+
+    def partial_fit(self, X, y, exposure=None):
+        """Online learning: update the fit by a batch of rows.
+
+        The first call (on an unfitted estimator) is :meth:`fit` on that batch with a sparse GP
+        (its standardisation, labels, inducing inputs and learned hyperparameters are then kept).
+        Every later call, or a call after :meth:`fit` with a sparse model, updates the posterior
+        over the inducing values by the new rows with the hyperparameters fixed
+        (:func:`gpvi.streaming.update`: assumed-density steps; exact for Gaussian noise).
+        ``exposure`` is for :class:`GPCountRegressor` only.
+        """
+        if not hasattr(self, "fit_result_"):
+            args = (X, y) if exposure is None else (X, y, exposure)
+            return self._fit(*args, _kind="sparse")
+        from .streaming import update
+
+        if self.model_kind_ != "sparse":
+            raise ValueError("partial_fit updates sparse models only; this estimator was fitted with a full GP "
+                             "(use model='sparse')")
+        X = self._validate_X(X, reset=False)
+        y = np.asarray(y)
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValueError(f"y must have one entry per row of X ({X.shape[0]}), got shape {y.shape}")
+        offset = _log_exposure(exposure, X.shape[0])
+        Xs = (X - self.x_mean_) / self.x_scale_
+        self.fit_result_ = update(self.fit_result_, Xs, self._encode_more(y), offset)
+        return self
+
+    def _encode_more(self, y):
+        """Targets of a later ``partial_fit`` batch, coded as the first batch's were."""
+        return self._prepare_targets(y)
 
     @property
     def vlb_(self):
@@ -358,6 +389,15 @@ class _LabelEstimator(_GPEstimator):
         if len(self.classes_) < 2:
             raise ValueError(f"{type(self).__name__} needs at least two classes in y, but y has only one "
                              f"class ({self.classes_[0]!r})")
+        return codes.astype(np.float64)
+
+    def _encode_more(self, y):
+        y = np.asarray(y)
+        codes = np.searchsorted(self.classes_, y)
+        ok = (codes < len(self.classes_)) & (self.classes_[np.minimum(codes, len(self.classes_) - 1)] == y)
+        if not np.all(ok):
+            raise ValueError(f"y has labels {np.unique(y[~ok])[:5].tolist()} not seen in the first batch "
+                             f"(classes {self.classes_.tolist()})")
         return codes.astype(np.float64)
 
     def predict_proba(self, X):
@@ -557,6 +597,9 @@ class GPRegressor(_ValueEstimator):
         else:
             self.y_mean_, self.y_scale_ = np.float64(0.0), np.float64(1.0)
         return (y - self.y_mean_) / self.y_scale_
+
+    def _encode_more(self, y):
+        return (np.asarray(y, dtype=np.float64) - self.y_mean_) / self.y_scale_
 
     def _likelihood(self, y, offset):
         s = float(self.noise_scale)

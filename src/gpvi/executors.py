@@ -33,7 +33,7 @@ import numpy as np
 
 from .objective import (DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Chunks, Objective, Sums, _expected_pass, _pass,
                         add_partials, expected_in_hyperparameters, finish_sums, num_blocks, split_rows)
-from .sources import ArraySource, Source
+from .sources import Source
 
 __all__ = ["InProcess", "DaskExecutor", "BlockObjective", "resolve_executor", "block_layout"]
 
@@ -93,24 +93,33 @@ def _expected_from_theta(theta, template, prior_X, chunks, state, blocks):
 _block_hyper = jax.jit(jax.value_and_grad(_expected_from_theta), static_argnames=("blocks",))
 
 
-def block_partial(kind, chunks, proj, args):
-    """The partial result of one block: ``kind`` is ``"sums"``, ``"vlb"`` or ``"hyper"``."""
+def block_partial(kind, chunks, proj, arrays, statics):
+    """The partial result of one block: ``kind`` is ``"sums"``, ``"vlb"`` or ``"hyper"``;
+    ``arrays`` the pass's array arguments (a pytree that may be placed on a device), ``statics``
+    its Python-valued ones."""
     if kind == "sums":
-        model, prior, state, cached, blocks, want_hessian, clip_gamma = args
+        (model, prior, state), (cached, blocks, want_hessian, clip_gamma) = arrays, statics
         return _block_sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma)
     if kind == "vlb":
-        model, prior, state, cached, blocks = args
+        (model, prior, state), (cached, blocks) = arrays, statics
         return _block_expected(model, prior, chunks, proj, state, cached, blocks)
-    theta, template, prior_X, state, blocks = args
+    (theta, template, prior_X, state), (blocks,) = arrays, statics
     return _block_hyper(theta, template, prior_X, chunks, state, blocks)
 
 
 @partial(jax.jit, static_argnames=("blocks",))
 def _project(model, prior, chunk_X, blocks):
+    pcache = model.pass_cache(prior)
+
     def one(Xc):
-        At, b, c = model.project(prior, Xc)
+        At, b, c = model.project_many(pcache, Xc)
         return split_rows(At, blocks), b, c
     return jax.lax.map(one, chunk_X)
+
+
+def _to_numpy_arrays(args):
+    arrays, statics = args
+    return _to_numpy(arrays), statics
 
 
 def _to_numpy(tree):
@@ -119,13 +128,24 @@ def _to_numpy(tree):
 
 # ---- executors -------------------------------------------------------------------------------------
 class InProcess:
-    """The data pass in this process (see the module docstring).  ``prefetch``: read the next
-    block in a background thread while the current one computes."""
+    """The data pass in this process (see the module docstring).
+
+    ``prefetch``: read the next block in a background thread while the current one computes.
+    ``devices``: JAX devices to spread the blocks over (block j on ``devices[j % len]``, kept
+    there across passes; each pass's arguments are copied to every device once), e.g.
+    ``jax.devices("gpu")``.  Default: JAX's default device only.  JAX dispatches asynchronously,
+    so blocks on different devices compute at the same time.
+    """
 
     name = "in-process"
 
-    def __init__(self, prefetch: bool = True):
+    def __init__(self, prefetch: bool = True, devices=None):
         self.prefetch = bool(prefetch)
+        if devices is not None:
+            devices = list(devices)
+            if not devices or not all(hasattr(d, "platform") for d in devices):
+                raise ValueError(f"devices must be a non-empty list of JAX devices, got {devices!r}")
+        self.devices = devices
 
     def open(self, source, layout, likelihood, cache_bytes=DEFAULT_CACHE_BYTES):
         """A plan of passes over ``source`` (kept for the whole fit, across hyperparameters)."""
@@ -157,22 +177,31 @@ class _InProcessPlan:
         left = self._budget - self.n_proj * with_proj
         self.n_raw = int(min(nb - self.n_proj, max(left, 0) // max(raw, 1)))
 
+    def _device(self, j):
+        devs = self.ex.devices
+        return None if devs is None else devs[j % len(devs)]
+
     def _get(self, j):
         chunks, proj = self.cache.get(j, (None, None))
         if chunks is None:
-            chunks = jax.tree_util.tree_map(jnp.asarray, load_block(self.source, j, self.layout, self.likelihood))
+            chunks = jax.device_put(load_block(self.source, j, self.layout, self.likelihood), self._device(j))
         if proj is None and j < self.n_proj:
-            proj = _project(self.model, self.prior, chunks.X, self.blocks)
+            dev = self._device(j)
+            model, prior = (self.model, self.prior) if dev is None else jax.device_put((self.model, self.prior), dev)
+            proj = _project(model, prior, chunks.X, self.blocks)
         if j < self.n_proj + self.n_raw:
             self.cache[j] = (chunks, proj)
         return chunks, proj, proj is not None
 
     def map(self, kind, args_for):
         """Partial results of every block in block order; ``args_for(cached)`` gives the
-        arguments for a block with or without kept projections."""
+        ``(arrays, statics)`` arguments for a block with or without kept projections."""
         self.source.check_unchanged()
         nb = self.source.num_blocks
         out = []
+        arrays, _ = args_for(False)
+        devs = self.ex.devices
+        on = {d: jax.device_put(arrays, d) for d in devs} if devs is not None else None
         pool = concurrent.futures.ThreadPoolExecutor(1) if self.ex.prefetch and nb > 1 else None
         try:
             nxt = pool.submit(self._get, 0) if pool else None
@@ -181,14 +210,24 @@ class _InProcessPlan:
                 if pool and j + 1 < nb:
                     nxt = pool.submit(self._get, j + 1)
                 chunks, proj, cached = entry
-                out.append(block_partial(kind, chunks, proj if cached else jnp.zeros(()), args_for(cached)))
+                a = arrays if on is None else on[self._device(j)]
+                out.append(block_partial(kind, chunks, proj if cached else jnp.zeros(()), a, args_for(cached)[1]))
         finally:
             if pool:
                 pool.shutdown(wait=True, cancel_futures=True)
+        if on is not None:  # to one device before adding up
+            out = jax.device_put(out, devs[0])
         return out
 
     def close(self):
         self.cache.clear()
+
+
+_RETRYABLE = {"FutureCancelledError", "CancelledError", "KilledWorker", "CommClosedError"}
+
+
+def _identity(x):
+    return x
 
 
 def _dask_load(source, j, layout, likelihood):
@@ -196,7 +235,7 @@ def _dask_load(source, j, layout, likelihood):
 
 
 def _dask_partial(kind, chunks, args):
-    return _to_numpy(block_partial(kind, jax.tree_util.tree_map(jnp.asarray, chunks), jnp.zeros(()), args))
+    return _to_numpy(block_partial(kind, jax.tree_util.tree_map(jnp.asarray, chunks), jnp.zeros(()), *args))
 
 
 class DaskExecutor:
@@ -225,13 +264,17 @@ class DaskExecutor:
 class _DaskPlan:
     def __init__(self, ex, source, layout, likelihood):
         self.ex, self.source = ex, source
-        client = ex.client
-        [src] = client.scatter([source], broadcast=True, hash=False) if isinstance(source, ArraySource) \
-            else [source]
-        # Reading tasks depend only on the source, so the scheduler can rerun them on another
-        # worker when the one holding a block dies.
-        self.blocks_f = [client.submit(_dask_load, src, j, layout, likelihood, pure=False,
-                                       retries=ex.retries, key=f"gpvi-block-{id(self)}-{j}")
+        self.args = (layout, likelihood)
+        self._load()
+
+    def _load(self):
+        # Nothing is scattered: data a worker holds only because it was scattered there is gone
+        # for good when that worker dies, whereas the result of a task whose inputs are in its
+        # own description is recomputed by the scheduler.  So the source (and, in map, each
+        # pass's arguments) travel inside tasks.
+        client, source = self.ex.client, self.source
+        src = client.submit(_identity, source, pure=False)
+        self.blocks_f = [client.submit(_dask_load, src, j, *self.args, pure=False, retries=self.ex.retries)
                          for j in range(source.num_blocks)]
 
     def configure(self, model, prior, d, blocks):
@@ -240,10 +283,17 @@ class _DaskPlan:
     def map(self, kind, args_for):
         self.source.check_unchanged()
         client = self.ex.client
-        [args] = client.scatter([args_for(False)], broadcast=True, hash=False)
-        futs = [client.submit(_dask_partial, kind, b, args, pure=False, retries=self.ex.retries)
-                for b in self.blocks_f]
-        return client.gather(futs)
+        for attempt in range(self.ex.retries + 1):
+            args = client.submit(_identity, _to_numpy_arrays(args_for(False)), pure=False)
+            futs = [client.submit(_dask_partial, kind, b, args, pure=False, retries=self.ex.retries)
+                    for b in self.blocks_f]
+            try:
+                return client.gather(futs)
+            except Exception as e:  # a lost worker can cancel a pass; rerun it, from re-read blocks if need be
+                if attempt == self.ex.retries or type(e).__name__ not in _RETRYABLE:
+                    raise
+                if any(f.status in ("error", "cancelled", "lost") for f in self.blocks_f):
+                    self._load()
 
     def close(self):
         for f in self.blocks_f:
@@ -252,18 +302,22 @@ class _DaskPlan:
 
 
 def resolve_executor(executor):
-    """``None``/``"local"`` → :class:`InProcess`; a ``distributed.Client`` → :class:`DaskExecutor`;
-    an executor instance passes through."""
+    """``None``/``"local"`` → :class:`InProcess`; ``"devices"`` → :class:`InProcess` over every
+    device of JAX's default backend; a ``distributed.Client`` → :class:`DaskExecutor`; an executor
+    instance passes through."""
     if executor is None or (isinstance(executor, str) and executor in ("local", "in-process")):
         return InProcess()
     if isinstance(executor, (InProcess, DaskExecutor)):
         return executor
+    if isinstance(executor, str) and executor == "devices":
+        return InProcess(devices=jax.devices())
     if isinstance(executor, str) and executor == "dask":
         raise ValueError('executor="dask" needs a cluster: pass executor=distributed.Client(...) '
                          '(pip install "gpvi[dask]")')
     if hasattr(executor, "submit") and hasattr(executor, "scatter") and hasattr(executor, "gather"):
         return DaskExecutor(executor)
-    raise ValueError("executor must be None or 'local' (in this process), a dask.distributed Client, "
+    raise ValueError("executor must be None, 'local' (in this process), 'devices' (every JAX device), "
+                     "a dask.distributed Client, "
                      f"or a gpvi.executors executor; got {executor!r}")
 
 
@@ -315,8 +369,8 @@ class BlockObjective(Objective):
     def sums(self, state, want_hessian: bool = True, clip_gamma: bool = False) -> Sums:
         self.num_evaluations += 1
         model, prior, blocks = self.model, self.prior, self.blocks
-        parts = self.plan.map("sums", lambda cached: (model, prior, state, cached, blocks, want_hessian,
-                                                      clip_gamma))
+        parts = self.plan.map("sums", lambda cached: ((model, prior, state),
+                                                      (cached, blocks, want_hessian, clip_gamma)))
         total = add_partials(jax.tree_util.tree_map(jnp.asarray, parts))
         return Sums(*_finish(total, state, blocks, want_hessian))
 
@@ -324,7 +378,7 @@ class BlockObjective(Objective):
         self.num_evaluations += 1
         from .models import kl_standard_normal
 
-        parts = self.plan.map("vlb", lambda cached: (self.model, self.prior, state, cached, self.blocks))
+        parts = self.plan.map("vlb", lambda cached: ((self.model, self.prior, state), (cached, self.blocks)))
         return add_partials([jnp.asarray(p) for p in parts]) - kl_standard_normal(state.mean, state.chol)
 
     def neg_vlb_and_grad(self, theta, template, state):
@@ -332,7 +386,7 @@ class BlockObjective(Objective):
         :func:`gpvi._module.flatten_params`) of ``template``, with ``state`` held fixed."""
         from .models import kl_standard_normal
 
-        parts = self.plan.map("hyper", lambda cached: (theta, template, self.prior_X, state, self.blocks))
+        parts = self.plan.map("hyper", lambda cached: ((theta, template, self.prior_X, state), (self.blocks,)))
         val, grad = add_partials(jax.tree_util.tree_map(jnp.asarray, parts))
         val = val - kl_standard_normal(state.mean, state.chol)
         return -val, jax.tree_util.tree_map(lambda g: -g, grad)

@@ -289,8 +289,10 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         rows, drawn with ``seed``) or an array of row indices; only those rows are used.
     executor : where the data pass runs (:mod:`gpvi.executors`): None (in this process, on
         in-memory chunks: the fastest path for data that fits), ``"local"`` (in this process,
-        block by block, keeping at most ``cache_bytes`` of rows and projections in memory) or a
-        ``dask.distributed.Client`` (blocks kept on the cluster's workers).  ``X`` may also be a
+        block by block, keeping at most ``cache_bytes`` of rows and projections in memory),
+        ``"devices"`` (the same, blocks spread over every JAX device, e.g. several GPUs), an
+        executor from :mod:`gpvi.executors` or a ``dask.distributed.Client`` (blocks kept on the
+        cluster's workers).  ``X`` may also be a
         :class:`gpvi.sources.Source` (``NpySource``, ``ParquetSource``: files read block by block
         in every pass) with ``y=None``.  Every executor gives the same result; engines that keep
         per-row state (``dual``, ``laplace``, ``init="laplace"``) need the default.
@@ -380,7 +382,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
 
     takes_gap = "tol_nats" in inspect.signature(run).parameters
 
-    def infer(mdl, start, tol_, quiet=False, obj=None):
+    def infer(mdl, start, tol_, quiet=False, obj=None, **extra):
         if obj is None and source is not None:
             obj = BlockObjective(mdl, source, plan=plan, prior_X=X if isinstance(mdl, GP) else None)
             obj.check_prior()
@@ -394,7 +396,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         else:
             gap_kw = {}
         res = run(obj, start, tol=tol_, max_iter=max_iter, callback=None if quiet else cb, **gap_kw,
-                  **options)
+                  **options, **extra)
         trace = res.trace.copy()
         trace[:, 0] += t_offset[0]
         return obj, res, trace
@@ -421,12 +423,21 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
             release_blas()
             raise
     state = prior_state(d, Q) if init in (None, "prior") else init
+    # Engines that learn θ jointly with q (run.learns_hyperparameters: the stochastic engines)
+    # take the names and return the learned model in extras["model"]; no profile search.
+    joint = bool(learn_hyperparameters) and getattr(run, "learns_hyperparameters", False)
     try:
-        obj, res, trace = infer(model, state, tol, obj=obj)
+        if joint:
+            names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
+                     else list(learn_hyperparameters))
+            obj, res, trace = infer(model, state, tol, obj=obj, hyperparameters=names)
+            model = res.extras.pop("model", model)
+        else:
+            obj, res, trace = infer(model, state, tol, obj=obj)
         traces = [trace]
         rounds = 0
         counts = [res.backtracks, res.cycles, res.evaluations, res.clipped]
-        if learn_hyperparameters:
+        if learn_hyperparameters and not joint:
             names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
                      else list(learn_hyperparameters))
             unknown = set(names) - set(model.transforms())
@@ -450,16 +461,20 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
             plan.close()
     backtracks, cycles, evals, clipped = counts
     message = res.message
-    if learn_hyperparameters:
+    if joint:
+        message = f"{message}; hyperparameters learned jointly by the engine"
+    elif learn_hyperparameters:
         message = f"{message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return FitResult(model=model, state=res.state, vlb=res.vlb, iterations=res.iterations,
                      converged=bool(res.converged and np.isfinite(res.vlb)), message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
-                     prior=obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
+                     prior=_prior_cache(model, jnp.asarray(X)) if joint else obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
                      subset=subset, extras=dict(res.extras), gap=float(res.gap))
 
 
+#: Engines that use only the data sums (Objective.sums/vlb), so they run on any executor.
+_BLOCKWISE_ENGINES = frozenset({"fpi", "fpb", "gradient"})
 #: Rows read for k-means placement of inducing inputs when the data come from a source.
 _KMEANS_SAMPLE = 100_000
 
@@ -469,10 +484,11 @@ def _block_source(X, y, model, offset, exposure, subset, init, engine, seed):
     are what ``model.initialise`` and fit's checks see: every row for a full GP (its prior needs
     them) or a small source, else a sample of at most 100 000 rows spread over all blocks (for
     k-means); with in-memory ``X`` the source is made after fit's checks (returned as None)."""
-    if engine in ("dual", "laplace") or (isinstance(init, str) and init == "laplace"):
-        what = f"engine={engine!r}" if engine in ("dual", "laplace") else "init='laplace'"
-        raise ValueError(f"{what} keeps per-row state and needs executor=None with in-memory X; "
-                         "use engine='fpi', 'fpb' or 'gradient' with a source or an executor")
+    if engine not in _BLOCKWISE_ENGINES or (isinstance(init, str) and init == "laplace"):
+        what = f"engine={engine!r}" if engine not in _BLOCKWISE_ENGINES else "init='laplace'"
+        raise ValueError(f"{what} needs the rows in memory (executor=None and array X); use engine="
+                         f"{' or '.join(repr(e) for e in sorted(_BLOCKWISE_ENGINES))} with a source or an executor "
+                         "(the stochastic engines read files through gpvi.fit_stream)")
     if subset is not None:
         raise ValueError("subset is not supported with a source or an executor: write the subset to its own file")
     if isinstance(X, Source):
@@ -497,6 +513,9 @@ def _block_source(X, y, model, offset, exposure, subset, init, engine, seed):
     return None, X, y
 
 
+_prior_cache = jax.jit(lambda model, X: model.prior_cache(X))
+
+
 def _check_engine_options(options, run):
     if options is None:
         return {}
@@ -504,7 +523,7 @@ def _check_engine_options(options, run):
         raise ValueError(f"engine_options must be a dict of keyword arguments, got {type(options).__name__}")
 
     params = inspect.signature(run).parameters
-    reserved = {"tol", "tol_nats", "max_iter", "callback"}
+    reserved = {"tol", "tol_nats", "max_iter", "callback", "hyperparameters"}
     bad = [k for k in options if k in reserved or k not in params]
     if bad:
         allowed = sorted(k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in reserved)

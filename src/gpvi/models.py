@@ -205,6 +205,15 @@ class Model(Module):
         XLA:CPU), b (n,), c (n,)."""
         raise NotImplementedError
 
+    def pass_cache(self, cache):
+        """Work shared by the projections of many chunks (a data pass), from the prior cache;
+        see :meth:`project_many`.  By default the prior cache itself."""
+        return cache
+
+    def project_many(self, pcache, Xc):
+        """:meth:`project` for one of many chunks, from ``pcache = pass_cache(prior cache)``."""
+        return self.project(pcache, Xc)
+
 
 class GLM(Model):
     """Bayesian generalised linear model ``f_i = h_i·w``, ``w ~ N(0, prior_variance·I)``.
@@ -282,6 +291,18 @@ class SparseGP(Model):
         c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
 
+    def pass_cache(self, cache):
+        # L⁻¹ once per pass: each chunk's L⁻¹ K(Z, X) is then a matrix product, which XLA:CPU
+        # runs ~7× faster than the triangular solve (M = 300, n = 2048: 4.4 ms against 33 ms);
+        # |a_i|² ≤ k_ii bounds the result, so the product's rounding error stays ~ε·|L⁻¹|·|K|.
+        return _lower_inverse(cache)
+
+    def project_many(self, pcache, Xc):
+        Kzx = self.kernel(jnp.asarray(self.inducing), Xc)
+        At = _lower_matmul(pcache, Kzx)
+        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
+        return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+
 
 class GP(Model):
     """Full GP, ``f ~ N(mean, K(X, X))``, whitened by ``L = chol K``; O(N³) per fit.
@@ -312,6 +333,23 @@ class GP(Model):
         # On training rows c_i = 0 up to rounding; elsewhere the conditional variance.
         c = jnp.maximum(self.kernel.diag(Xc) + nugget - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+
+
+def _lower_inverse(L):
+    """``L⁻¹`` of a lower-triangular ``L`` (M, M), by one triangular solve."""
+    return solve_triangular(L, jnp.eye(L.shape[0], dtype=L.dtype), lower=True)
+
+
+def _lower_matmul(T, B):
+    """``T B`` for lower-triangular ``T`` (M, M) and B (M, n), skipping the zero blocks of T
+    above its diagonal (row blocks of ~150: 3/4 of the flops at M = 300)."""
+    M = T.shape[0]
+    k = 1 if M < 256 else min(4, max(2, round(M / 150)))
+    if k == 1:
+        return T @ B
+    e = [round(i * M / k) for i in range(k + 1)]
+    return jnp.concatenate([sum(T[e[i]:e[i + 1], e[j]:e[j + 1]] @ B[e[j]:e[j + 1]] for j in range(i + 1))
+                            for i in range(k)])
 
 
 def _kmeans(X, M, seed):

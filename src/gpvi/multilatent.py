@@ -128,6 +128,13 @@ class MultiLatent(Model):
         parts = [l.project(pc, Xc) for l, pc in zip(self.latents, cache)]
         return tuple(jnp.stack(t) for t in zip(*parts))
 
+    def pass_cache(self, cache):
+        return tuple(l.pass_cache(pc) for l, pc in zip(self.latents, cache))
+
+    def project_many(self, pcache, Xc):
+        parts = [l.project_many(pc, Xc) for l, pc in zip(self.latents, pcache)]
+        return tuple(jnp.stack(t) for t in zip(*parts))
+
     @property
     def jitter(self):
         return max(float(getattr(l, "jitter", 0.0)) for l in self.latents)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .models import Model, kl_standard_normal
 
-__all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state"]
+__all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]
 
 DEFAULT_CHUNK = 2048
 DEFAULT_CACHE_BYTES = 512 * 2**20
@@ -175,6 +175,15 @@ def chunk_projection(model, prior, ch, pr, cached: bool, k: int):
     return split_rows(At, k), b, c
 
 
+def pass_projection(model, pcache, ch, pr, cached: bool, k: int):
+    """As :func:`chunk_projection`, from ``pcache = model.pass_cache(prior)`` prepared once per
+    pass (see :meth:`gpvi.models.Model.project_many`)."""
+    if cached:
+        return pr
+    At, b, c = model.project_many(pcache, ch.X)
+    return split_rows(At, k), b, c
+
+
 def block_matvec(blocks, r):
     """``A r`` (d,) for A given as row blocks and r (n,)."""
     return jnp.concatenate([a @ r for a in blocks]) if len(blocks) > 1 else blocks[0] @ r
@@ -270,11 +279,12 @@ def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
     d = state.mean.shape[-1]
     Q = is_batched(state)  # several latents: per-latent blocks of the same sums (see per_latent)
     W = per_latent(_stacked, Q, state)
+    pcache = None if cached else model.pass_cache(prior)
 
     def body(carry, xs):
         sE, g, S = carry
         ch, pr = xs
-        A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
+        A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
         m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
         E, rho, lam = latent_moments_of_rows(lik, ch.y, m, v, Q)
         keep = ch.mask > 0
@@ -340,10 +350,11 @@ def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
     lik = model.likelihood
     Q = is_batched(state)
     W = per_latent(_stacked, Q, state)
+    pcache = None if cached else model.pass_cache(prior)
 
     def body(sE, xs):
         ch, pr = xs
-        A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
+        A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
         m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
         E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
@@ -369,8 +380,10 @@ def _setup(model, X, chunk_X, cached, blocks):
     prior = model.prior_cache(X)
     finite = _all_finite(prior)
     if cached:
+        pcache = model.pass_cache(prior)
+
         def one(Xc):
-            At, b, c = model.project(prior, Xc)
+            At, b, c = model.project_many(pcache, Xc)
             return split_rows(At, blocks), b, c
         return prior, finite, jax.lax.map(one, chunk_X)
     return prior, finite, jnp.zeros(chunk_X.shape[:1] + (0,))
@@ -437,10 +450,11 @@ def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: Stat
     lik = model.likelihood
     Q = is_batched(state)
     W = per_latent(_stacked, Q, state)
+    pcache = model.pass_cache(prior)
 
     @jax.checkpoint
     def chunk_E(ch):
-        A, b, c = chunk_projection(model, prior, ch, None, False, blocks)
+        A, b, c = pass_projection(model, pcache, ch, None, False, blocks)
         m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
         E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
@@ -455,3 +469,51 @@ def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State, blocks
     k = num_blocks(state.mean.shape[-1]) if blocks is None else blocks
     sE = expected_in_hyperparameters(model, model.prior_cache(X), chunks, state, k)
     return sE - kl_state(state)
+
+
+# ---- one minibatch, scaled (the stochastic engines: sfp, svi) ----------------------------------
+
+def _batch_data_sums(model, prior, batch: Chunks, W, blocks: int, want_hessian: bool, clip_gamma: bool):
+    """``(Σ E_i, Σ ρ_i a_i, lower blocks of Σ λ_i a_i a_iᵀ)`` over the real rows of one chunk
+    ``batch`` (fields (B, ·), no leading chunk axis), unscaled; the same per-chunk algebra as
+    :func:`_sums`."""
+    A, b, c = chunk_projection(model, prior, batch, None, False, blocks)
+    m, v = _marginals_stacked(A, b, c, batch.offset, W)
+    E, rho, lam = model.likelihood.variational_moments(batch.y, m, v)
+    keep = batch.mask > 0
+    E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
+    if want_hessian:
+        w = jnp.minimum(lam, 0.0) if clip_gamma else lam
+        P, Arho = block_gram(A, w, rho)
+    else:
+        P, Arho = (), block_matvec(A, rho)
+    return jnp.sum(E), Arho, P
+
+
+@partial(jax.jit, static_argnames=("blocks", "want_hessian", "clip_gamma"))
+def minibatch_sums(model, prior, batch: Chunks, state: State, scale, blocks: int = 1,
+                   want_hessian: bool = True, clip_gamma: bool = False) -> Sums:
+    """Unbiased estimates of the fields of :class:`Sums` from one minibatch.
+
+    ``batch`` is a :class:`Chunks` of a single chunk: ``X`` (B, D), ``y``, ``offset``, ``mask``
+    (B,), padding rows masked out; ``prior`` is ``model.prior_cache(·)``.  The data sums over
+    the batch's rows are multiplied by ``scale`` (N / rows in the batch), so for a batch drawn
+    uniformly at random the expectations are the full-data sums:
+    ``vlb = scale·Σ_b E_i − KL``, ``grad = scale·Σ_b ρ_i a_i − m``, ``S = scale·Σ_b λ_i a_i a_iᵀ``.
+    """
+    sE, Arho, P = _batch_data_sums(model, prior, batch, _stacked(state), blocks, want_hessian, clip_gamma)
+    kl = kl_standard_normal(state.mean, state.chol)
+    S = scale * assemble_gram(P, blocks) if want_hessian else jnp.zeros((0, 0))
+    return Sums(scale * sE - kl, scale * Arho - state.mean, S)
+
+
+def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, prior=None):
+    """``scale·Σ_b E_i − KL``: the minibatch estimate of the VLB, differentiable in ``state`` and,
+    when ``prior`` is None (the prior factorisation is then recomputed), in the model's
+    parameters (not jitted: callers jit it inside their own step)."""
+    if prior is None:
+        prior = model.prior_cache(batch.X)
+    A, b, c = chunk_projection(model, prior, batch, None, False, blocks)
+    m, v = _marginals_stacked(A, b, c, batch.offset, _stacked(state))
+    E = model.likelihood.expected_log_prob(batch.y, m, v)
+    return scale * jnp.sum(jnp.where(batch.mask > 0, E, 0.0)) - kl_standard_normal(state.mean, state.chol)

@@ -7,12 +7,14 @@
 ``gradient``   L-BFGS on (m, chol V) jointly
 ``laplace``    Laplace approx.: Newton on the mode, V = (−∇²Ψ)⁻¹ (not a VLB maximiser)
 ``dual``       L-BFGS-B on the dual (Khan et al. 2013; Gaussian, Poisson, Bernoulli only)
+``sfp``        stochastic fixed point: natural-parameter averaging over minibatches
+``svi``        minibatch AdaDelta/Adam on (m, chol V[, θ]) (Hensman et al. 2015)
 =============  ==================================================================
 """
-from . import dual, fpb, fpi, gradient, laplace
+from . import dual, fpb, fpi, gradient, laplace, sfp, svi
 from ._common import EngineResult
 
 ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run, "laplace": laplace.run,
-           "dual": dual.run}
+           "dual": dual.run, "svi": svi.run, "sfp": sfp.run}
 
 __all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient", "laplace"]

@@ -1,0 +1,251 @@
+"""SFP: the stochastic fixed point — natural-parameter averaging over minibatches.
+
+The fixed-point (FPi) step is a natural-gradient step of size 1 (DESIGN §2).  In whitened
+coordinates ``q(w) = N(m, V)`` has natural parameters ``(h, Λ) = (V⁻¹ m, V⁻¹)`` (up to the −½ on
+Λ), and the full-data FP step sets them to
+
+    Λ̂ = I − S,   ĥ = Λ̂ m + ∇_m VLB = Σ ρ_i a_i − S m,     (S = Σ λ_i a_i a_iᵀ)
+
+i.e. ``m' = m + Λ̂⁻¹ ∇_m VLB`` (a Newton step on the mean) and ``V' = Λ̂⁻¹``.  Both are linear in the
+three data sums, so replacing them by their N/B-scaled minibatch estimates
+(:func:`gpvi.objective.minibatch_sums`) gives an unbiased estimate of the target, and SFP averages
+
+    η ← (1 − γ_t) η + γ_t η̂_batch,
+
+which is exactly :func:`~gpvi.engines._common.natural_step` of size γ_t with the minibatch sums
+(``Λ' = (1−γ)V⁻¹ + γΛ̂``, ``m' = m + γ Λ'⁻¹ ĝ``).  This is Hensman et al. (2013)'s SVI for
+Gaussian likelihoods; the ρ/λ sums make it work for every likelihood (the λ_i are evaluated at
+the current marginals, as in FPi).  With B = N and γ = 1 one SFP step is one FPi step.  Where
+``I − Ŝ`` is not positive definite (a likelihood that is not log-concave) the step uses γ_i = −λ_i
+clipped at 0, as FPi does.
+
+Step sizes (``schedule``): ``"paper"`` γ_t = 1/(1 + √t) (Cheng & Boots 2016, t = steps taken so
+far, so the first step is γ = 1), a number c ∈ (0, 1] (constant), ``"adaptive"`` (Ranganath et al.
+2013's rule, below), or a function ``t -> γ_t``; every γ_t must lie in (0, 1].
+
+Hyperparameters (and, when named, inducing inputs) are learned by Adam (optax) on the minibatch
+bound at the updated q, rate ``hyper_rate`` (×γ_t with ``hyper_decay=True``: the paper's
+``hyper_rate=1e-4, hyper_decay=True``).
+"""
+from __future__ import annotations
+
+import numbers
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .._module import flatten_params, unflatten_params
+from ..objective import Objective, State, minibatch_sums, minibatch_vlb, num_blocks
+from ._common import natural_step, precision_chol, tri_inv
+from ._stochastic import (DEFAULT_BATCH, EpochClock, check_model, check_positive_float, check_positive_int,
+                          drive, objective_stream)
+
+
+def paper_schedule(t):
+    """Cheng & Boots (2016): γ_t = 1 / (1 + √t)."""
+    return 1.0 / (1.0 + np.sqrt(t))
+
+
+class AdaptiveSchedule:
+    """The adaptive step size of Ranganath, Wang, Blei & Xing (2013) for natural-gradient SVI.
+
+    With ``g_t = η̂_t − η_t`` (the noisy natural gradient, here ``(ĥ − h, Λ̂ − Λ)`` flattened),
+    running averages ``ḡ ← (1−1/τ)ḡ + g/τ`` and ``h̄ ← (1−1/τ)h̄ + gᵀg/τ`` give
+    ``γ = ḡᵀḡ / h̄`` (≈ signal / (signal + noise)) and the memory ``τ ← τ(1 − γ) + 1``.  The first
+    step takes γ = 1 and sets the averages from its g with memory ``tau0``; γ is kept in
+    ``[gamma_min, 1]``.
+    """
+
+    def __init__(self, tau0: float = 10.0, gamma_min: float = 1e-3):
+        self.tau = float(tau0)
+        self.gamma_min = float(gamma_min)
+        self.gbar = None
+        self.hbar = None
+
+    def __call__(self, g):
+        g = np.asarray(g)
+        if self.gbar is None:
+            self.gbar, self.hbar = g, float(g @ g)
+            return 1.0
+        w = 1.0 / self.tau
+        self.gbar = (1 - w) * self.gbar + w * g
+        self.hbar = (1 - w) * self.hbar + w * float(g @ g)
+        gamma = float(np.clip(self.gbar @ self.gbar / self.hbar, self.gamma_min, 1.0)) if self.hbar > 0 else 1.0
+        self.tau = self.tau * (1.0 - gamma) + 1.0
+        return gamma
+
+
+def _check_schedule(schedule):
+    if isinstance(schedule, str):
+        if schedule == "paper":
+            return paper_schedule
+        if schedule == "adaptive":
+            return AdaptiveSchedule()
+        raise ValueError(f"schedule must be 'paper', 'adaptive', a number in (0, 1] or a function t -> γ_t, "
+                         f"got {schedule!r}")
+    if isinstance(schedule, numbers.Real) and not isinstance(schedule, (bool, np.bool_)):
+        c = float(schedule)
+        if not (0.0 < c <= 1.0):
+            raise ValueError(f"schedule: a constant step size must be in (0, 1], got {schedule!r}")
+        return lambda t: c
+    if callable(schedule):
+        return schedule
+    raise ValueError(f"schedule must be 'paper', 'adaptive', a number in (0, 1] or a function t -> γ_t, "
+                     f"got {schedule!r}")
+
+
+def _gamma_value(gamma, t):
+    try:
+        g = float(gamma)
+    except (TypeError, ValueError):
+        raise ValueError(f"schedule returned {gamma!r} at step {t}; step sizes must be numbers in (0, 1]") from None
+    if not (0.0 < g <= 1.0):
+        raise ValueError(f"schedule returned γ = {g!r} at step {t}; step sizes must be in (0, 1]")
+    return g
+
+
+@jax.jit
+def natural_gradient(state: State, grad, S):
+    """``(ĥ − h, Λ̂ − Λ)`` flattened: the natural gradient of the adaptive rule, from the
+    (scaled) sums at ``state``; Λ = V⁻¹, Λ̂ = I − S, h = Λm, ĥ = Λ̂m + grad."""
+    Linv = tri_inv(state.chol)
+    Lam = Linv.T @ Linv
+    Lhat = jnp.eye(S.shape[0], dtype=S.dtype) - S
+    dh = Lhat @ state.mean + grad - Lam @ state.mean
+    return jnp.concatenate([dh, (Lhat - Lam).reshape(-1)])
+
+
+def natural_target(state: State, grad, S):
+    """``(ĥ, Λ̂)``: the natural parameters of the FP target from the sums at ``state``
+    (``Λ̂ = I − S``, ``ĥ = Λ̂ m + grad``); linear in the sums (see the module docstring)."""
+    Lhat = jnp.eye(S.shape[0], dtype=S.dtype) - S
+    return Lhat @ state.mean + grad, Lhat
+
+
+def _neg_bound(theta, model, batch, state, scale, blocks):
+    return -minibatch_vlb(unflatten_params(model, theta), batch, state, scale, blocks)
+
+
+@partial(jax.jit, static_argnames=("opt", "blocks"))
+def _hyper_step(theta, opt_state, model, batch, state, scale, rate, opt, blocks):
+    g = jax.grad(_neg_bound)(theta, model, batch, state, scale, blocks)
+    upd, opt_state = opt.update(g, opt_state, theta)
+    new = jax.tree_util.tree_map(lambda p, u: p - rate * u, theta, upd)
+    ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new)]))
+    return new, opt_state, ok
+
+
+_prior = jax.jit(lambda model, X: model.prior_cache(X))
+
+
+def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
+        max_iter: int = 500, callback=None, batch_size: int | None = None, schedule="paper", epochs: int = 2,
+        seed: int = 0, eval_every: int | None = None, max_steps: int | None = None,
+        hyper_rate: float = 0.01, hyper_decay: bool = False, hyperparameters=None, model=None, source=None,
+        on_batch=None, on_epoch=None):
+    """Run SFP from ``state``; returns an :class:`~gpvi.engines._common.EngineResult`.
+
+    Parameters
+    ----------
+    objective : the full data (streamed in shuffled minibatches; it also gives the full-data VLB
+        of the trace and the final gap, off the clock); None with ``source`` and ``model``.
+    batch_size : rows per minibatch B (default min(N, 1024)).
+    schedule : ``"paper"`` (default), ``"adaptive"``, a constant in (0, 1] or ``t -> γ_t``.
+    epochs : passes over the data (capped by ``max_iter``: an iteration of a stochastic
+        engine is one epoch).
+    seed : seed of the per-epoch shuffles.  eval_every : full-data VLB for the trace every
+        this many steps (default: after each epoch).  max_steps : stop after this many steps.
+    hyper_rate, hyper_decay : Adam's rate for the hyperparameters (× γ_t when ``hyper_decay``).
+    hyperparameters : dotted names learned by Adam on the minibatch bound (the learned model is
+        returned in ``extras["model"]``).
+    source, model : a :class:`gpvi.stream.Stream` and the model, to stream without an
+        in-memory objective (:func:`gpvi.fit_stream`).
+    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress);
+        on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
+    """
+    sched = _check_schedule(schedule)
+    epochs = check_positive_int("epochs", epochs)
+    eval_every = check_positive_int("eval_every", eval_every, allow_none=True)
+    max_steps = check_positive_int("max_steps", max_steps, allow_none=True)
+    hyper_rate = check_positive_float("hyper_rate", hyper_rate)
+    if not isinstance(hyper_decay, (bool, np.bool_)):
+        raise ValueError(f"hyper_decay must be True or False, got {hyper_decay!r}")
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    model = check_model(objective.model if model is None else model, "sfp")
+    stream = objective_stream(objective) if source is None else source
+    N = stream.count_rows()
+    B = min(N, DEFAULT_BATCH) if batch_size is None else check_positive_int("batch_size", batch_size)
+    if B > N:
+        raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
+    names = list(hyperparameters or ())
+    blocks = num_blocks(state.mean.shape[0])
+    opt = optax.scale_by_adam()
+    box = {"state": state, "model": model, "theta": flatten_params(model, names) if names else None,
+           "prior": None if names else _prior(model, None), "clipped": 0, "gammas": []}
+    box["opt_state"] = opt.init(box["theta"]) if names else None
+
+    def current():
+        return box["model"], box["state"]
+
+    def step(chunk, scale, t):
+        st, mdl = box["state"], box["model"]
+        prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
+        sums = minibatch_sums(mdl, prior, chunk, st, scale, blocks)
+        if isinstance(sched, AdaptiveSchedule):
+            gamma = sched(natural_gradient(st, sums.grad, sums.S))
+        else:
+            gamma = _gamma_value(sched(t), t)
+        RH = precision_chol(sums.S)
+        if not bool(jnp.all(jnp.isfinite(RH))):
+            # I − Ŝ not positive definite (λ_i > 0 somewhere): clip γ_i = −λ_i at 0, as FPi does
+            box["clipped"] += 1
+            RH = precision_chol(minibatch_sums(mdl, prior, chunk, st, scale, blocks, clip_gamma=True).S)
+        new = natural_step(st, sums.grad, RH, gamma)
+        if not (np.isfinite(float(sums.vlb)) and bool(jnp.all(jnp.isfinite(new.chol)))
+                and bool(jnp.all(jnp.isfinite(new.mean)))):
+            return None
+        if names:
+            rate = hyper_rate * (gamma if hyper_decay else 1.0)
+            theta, ost, ok = _hyper_step(box["theta"], box["opt_state"], mdl, chunk, new, scale, rate, opt, blocks)
+            if not bool(ok):
+                return None
+            box["theta"], box["opt_state"] = theta, ost
+            box["model"] = unflatten_params(model, theta)
+        box["state"] = new
+        box["gammas"].append(gamma)
+        return sums.vlb
+
+    clock = EpochClock(callback)
+    res = drive(stream=stream, batch_size=B, epochs=min(epochs, int(max_iter)), seed=seed, max_steps=max_steps,
+                eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
+                likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
+                extras={"schedule": schedule if isinstance(schedule, (str, numbers.Real)) else "callable"},
+                message="sfp", on_batch=on_batch, on_epoch=on_epoch)
+    res.clipped = box["clipped"]
+    res.extras["last_gamma"] = box["gammas"][-1] if box["gammas"] else float("nan")
+    if names:
+        res.extras["model"] = box["model"]
+    return res
+
+
+run.learns_hyperparameters = True
+
+
+@jax.jit
+def assumed_density_step(state: State, grad, S):
+    """One online (assumed-density / streaming-VB) update of ``q`` by a batch whose *unscaled*
+    sums at ``state`` are ``grad = Σ_b ρ_i a_i − m`` and ``S = Σ_b λ_i a_i a_iᵀ`` (γ clipped at 0):
+    the current ``q`` plays the prior, so ``Λ' = V⁻¹ − S`` and ``h' = Λ' m + Σ_b ρ_i a_i``, i.e.
+    ``m' = m + Λ'⁻¹ (grad + m)``.  For a Gaussian likelihood and fixed hyperparameters the
+    result after all batches is the exact full-data posterior (Titsias' optimum), whatever the
+    batches; otherwise each batch is linearised at the ``q`` it found (Broderick et al. 2013)."""
+    from ._common import _flip, _reversed_chol
+
+    Linv = tri_inv(state.chol)
+    R = _reversed_chol(Linv.T @ Linv - S)
+    mean = state.mean + jax.scipy.linalg.cho_solve((R, True), (grad + state.mean)[::-1])[::-1]
+    return State(mean, _flip(tri_inv(R).T))

@@ -1,0 +1,133 @@
+"""SVI: stochastic variational inference of Hensman, Matthews & Ghahramani (2015), the
+baseline of Izmailov & Kropotov (2017).
+
+Each step draws a minibatch of B rows, forms the unbiased estimate of the VLB
+``(N/B) Σ_batch E_q[log p(y_i|f_i)] − KL`` (:func:`gpvi.objective.minibatch_vlb`) and moves the
+mean ``m``, the lower-triangular factor ``L`` of ``V = L Lᵀ`` (whitened coordinates) and, when
+asked, the unconstrained hyperparameters θ along its gradient (JAX autodiff) with an optax
+optimiser: AdaDelta (the paper's baseline, climin-style: decay 0.9) or Adam.  One iteration is
+one epoch (a pass over the data).  Full-data VLBs for the trace are computed every
+``eval_every`` steps (or once per epoch), off the clock.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .._module import flatten_params, unflatten_params
+from ..objective import Objective, State, minibatch_vlb, num_blocks
+from ._stochastic import (DEFAULT_BATCH, EpochClock, check_model, check_positive_float, check_positive_int,
+                          drive, objective_stream)
+
+OPTIMIZERS = ("adadelta", "adam")
+DEFAULT_RATES = {"adadelta": 1.0, "adam": 0.01}
+
+
+def _optimizer(name, rate):
+    if name == "adadelta":
+        # climin's Adadelta as used by Izmailov & Kropotov: decay 0.9, offset 1e-6 (optax's ε)
+        return optax.adadelta(learning_rate=rate, rho=0.9, eps=1e-6)
+    return optax.adam(learning_rate=rate)
+
+
+def _negative_bound(params, model, names, batch, scale, prior, blocks):
+    mean, L, theta = params
+    state = State(mean, jnp.tril(L))
+    if names:
+        model = unflatten_params(model, theta)
+        prior = None
+    return -minibatch_vlb(model, batch, state, scale, blocks, prior=prior)
+
+
+@partial(jax.jit, static_argnames=("names", "opt", "blocks"))
+def _step(params, opt_state, model, names, batch, scale, prior, opt, blocks):
+    val, g = jax.value_and_grad(_negative_bound)(params, model, names, batch, scale, prior, blocks)
+    g = (g[0], jnp.tril(g[1]), g[2])
+    updates, opt_state = opt.update(g, opt_state, params)
+    new = optax.apply_updates(params, updates)
+    leaves = jax.tree_util.tree_leaves(new)
+    ok = jnp.isfinite(val) & jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in leaves]))
+    return new, opt_state, -val, ok
+
+
+def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
+        max_iter: int = 500, callback=None, batch_size: int | None = None, learning_rate: float | None = None,
+        epochs: int = 10, seed: int = 0, optimizer: str = "adadelta", eval_every: int | None = None,
+        max_steps: int | None = None, hyperparameters=None, model=None, source=None, on_batch=None,
+        on_epoch=None):
+    """Run SVI from ``state``; returns an :class:`~gpvi.engines._common.EngineResult`.
+
+    Parameters
+    ----------
+    objective : the full data (its rows are streamed in random minibatches, and it gives the
+        full-data VLB of the trace and the final gap); None with ``source`` and ``model``.
+    batch_size : rows per minibatch B (default min(N, 1024)).
+    learning_rate : optimiser step (default 1.0 for AdaDelta, 0.01 for Adam).
+    epochs : passes over the data (capped by ``max_iter``, the iteration limit of
+        :func:`gpvi.fit`: an iteration of a stochastic engine is one epoch).
+    seed : seed of the per-epoch shuffles.
+    optimizer : ``"adadelta"`` (default) or ``"adam"`` (optax).
+    eval_every : record the full-data VLB every this many steps (default: after each epoch);
+        evaluations are off the clock.
+    max_steps : stop after this many minibatch steps (default: no limit).
+    hyperparameters : dotted names of model parameters learned jointly (unconstrained), e.g.
+        from ``fit(..., learn_hyperparameters=True)``; the learned model is returned in
+        ``extras["model"]``.
+    source, model : a :class:`gpvi.stream.Stream` and the model, for streaming without an
+        in-memory objective (:func:`gpvi.fit_stream`).
+    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress);
+        on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
+
+    A minibatch step that would make (m, L, θ) non-finite is not taken and the run stops.
+    """
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    epochs = check_positive_int("epochs", epochs)
+    eval_every = check_positive_int("eval_every", eval_every, allow_none=True)
+    max_steps = check_positive_int("max_steps", max_steps, allow_none=True)
+    rate = DEFAULT_RATES[optimizer] if learning_rate is None else check_positive_float("learning_rate", learning_rate)
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    model = check_model(objective.model if model is None else model, "svi")
+    stream = objective_stream(objective) if source is None else source
+    N = stream.count_rows()
+    B = min(N, DEFAULT_BATCH) if batch_size is None else check_positive_int("batch_size", batch_size)
+    if B > N:
+        raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
+    names = tuple(hyperparameters or ())
+    blocks = num_blocks(state.mean.shape[0])
+    opt = _optimizer(optimizer, rate)
+    theta = flatten_params(model, list(names)) if names else {}
+    params = (state.mean, state.chol, theta)
+    opt_state = opt.init(params)
+    prior = None if names else jax.jit(lambda m: m.prior_cache(None))(model)
+    box = {"params": params, "opt_state": opt_state}
+
+    def current():
+        mean, L, th = box["params"]
+        mdl = unflatten_params(model, th) if names else model
+        return mdl, State(mean, jnp.tril(L))
+
+    def step(chunk, scale, t):
+        new, ost, v, ok = _step(box["params"], box["opt_state"], model, names, chunk, scale, prior, opt, blocks)
+        if not bool(ok):
+            return None
+        box["params"], box["opt_state"] = new, ost
+        return v
+
+    clock = EpochClock(callback)
+    res = drive(stream=stream, batch_size=B, epochs=min(epochs, int(max_iter)), seed=seed, max_steps=max_steps,
+                eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
+                likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
+                extras={"optimizer": optimizer, "learning_rate": rate}, message="svi", on_batch=on_batch,
+                on_epoch=on_epoch)
+    if names:
+        res.extras["model"] = current()[0]
+    return res
+
+
+run.learns_hyperparameters = True
