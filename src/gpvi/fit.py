@@ -246,7 +246,8 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
-        callback=None, engine_options: dict | None = None, subset=None, executor=None) -> FitResult:
+        callback=None, engine_options: dict | None = None, subset=None, executor=None,
+        posterior: str = "gaussian", components: int = 1) -> FitResult:
     """Fit a latent Gaussian model by variational inference.
 
     Parameters
@@ -297,10 +298,23 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         in every pass) with ``y=None``.  Every executor gives the same result; engines that keep
         per-row state (``dual``, ``laplace``, ``init="laplace"``) need the default.
 
+    posterior : ``"gaussian"`` (default; the paper's FULL) or ``"mog"``: a mixture of
+        ``components`` diagonal Gaussians (Nguyen & Bonilla 2014: MIX, MIX2 = 2 components) over
+        a full GP's latents, fitted by L-BFGS (:func:`gpvi.mog.fit_mog`, which returns a
+        :class:`gpvi.mog.MoGResult`; the engine options do not apply).
+
     Returns
     -------
     FitResult
     """
+    if posterior != "gaussian":
+        # Nguyen & Bonilla's mixture of diagonal Gaussians (MIX: components=1, MIX2: 2), by L-BFGS
+        if posterior != "mog":
+            raise ValueError(f"posterior must be 'gaussian' or 'mog', got {posterior!r}")
+        from .mog import fit_mog
+
+        return fit_mog(model, X, y, components=components, learn_hyperparameters=learn_hyperparameters,
+                       seed=seed)
     t0 = time.perf_counter()
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
