@@ -190,3 +190,16 @@ def test_stream_benchmark_quick(tmp_path):
         assert len(r["sfp_epochs"]) == 2 and r["fpi_converged"]
         assert min(r["nlpd_rel_diff_per_epoch"]) < 0.02  # sfp from the file is near batch fpi at N = 40 000
     assert (tmp_path / "stream_quick.md").read_text().count("hold") >= 6  # a verdict per claim and likelihood
+
+
+@pytest.mark.slow
+def test_nguyen2014_benchmark_quick(tmp_path):
+    out = _run("nguyen2014.py", tmp_path)
+    claims = {c["claim"]: c for c in out["claims"]}
+    assert len(claims) >= 8
+    res = out["results"]
+    assert set(res) == {"boston", "creep", "abalone", "breast_cancer", "usps", "mining"}
+    # properties that do not depend on machine load: the Monte Carlo FULL agrees with quadrature
+    bc = res["breast_cancer"][0]
+    assert abs(bc["FULL-MC"]["error"] - bc["FULL"]["error"]) <= 0.01
+    assert res["usps"]["fixed"]["error"] < 0.2
