@@ -110,6 +110,9 @@ def test_fit_with_mc_reaches_quadrature_optimum():
     o2 = Objective(GP(kernels.RBF(), MonteCarlo(L.Bernoulli(), num_samples=64, seed=3)), X, y)
     o3 = Objective(GP(kernels.RBF(), MonteCarlo(L.Bernoulli(), num_samples=64, seed=4)), X, y)
     assert float(o1.vlb(ref.state)) == float(o2.vlb(ref.state)) != float(o3.vlb(ref.state))
+    # predictions come from the wrapped likelihood
+    res = gpvi.fit(GP(kernels.RBF(), MonteCarlo(L.Bernoulli(), num_samples=64)), X, y)
+    np.testing.assert_allclose(res.predict_proba(X), ref.predict_proba(X), atol=2e-2)
 
 
 def test_learned_likelihood_parameter_gradient():

@@ -90,6 +90,7 @@ def test_fpi_and_gradient_reach_the_same_vlb(lik):
     assert p.shape == (60, 3) and np.allclose(p.sum(1), 1.0) and (p.argmax(1) == y).mean() > 0.6
 
 
+@pytest.mark.slow
 def test_one_latent_batch_equals_the_single_latent_model():
     # the batched (per-latent) path with Q = 1 gives the single-latent path's numbers
     rng = np.random.default_rng(0)
@@ -134,6 +135,7 @@ def test_bad_input():
         MultiLatent.full([kernels.RBF()] * 3, Softmax(num_classes=3), mean=[0.0, 1.0])
 
 
+@pytest.mark.slow
 def test_multiclass_classifier_saves_and_loads(tmp_path):
     X, y = _three_class(n=40)
     names = np.array(["four", "seven", "nine"])[y.astype(int)]

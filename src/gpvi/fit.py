@@ -121,6 +121,10 @@ class FitResult:
         if hasattr(lik, "predict_proba"):  # several classes (Softmax): (N, C)
             m, v = self.predict_f(X, offset)
             return np.asarray(likelihood_call(lik, "predict_proba", m, v))
+        from .montecarlo import MonteCarlo
+
+        if isinstance(lik, MonteCarlo):  # predictions are the wrapped likelihood's
+            lik = lik.likelihood
         if not isinstance(lik, (Bernoulli, Ordinal)):
             raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
         m, v = self.predict_f(X, offset)
