@@ -193,6 +193,17 @@ def test_stream_benchmark_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_cheng2016_benchmark_quick(tmp_path):
+    out = _run("cheng2016.py", tmp_path)
+    res = out["results"]
+    assert set(res) == {"VSGPR-svi", "iVSGPR5", "iVSGPR10", "iVSGPRada", "VSGPR*-svi"}
+    assert all(0 < r["nmse"] < 1.5 and len(r["curve"]) >= 5 for r in res.values())
+    assert res["iVSGPR5"]["subproblem_evaluations"][0] >= 5 and res["VSGPR-svi"]["subproblem_evaluations"][0] == 0
+    # learning θ and Z online beats keeping the starting ones (Table 1a's first claim)
+    assert res["iVSGPR10"]["nmse"] < res["VSGPR-svi"]["nmse"]
+    assert all(c["verdict"] for c in out["claims"])
+    assert (tmp_path / "cheng2016_quick.md").stat().st_size > 0
+
 def test_nguyen2014_benchmark_quick(tmp_path):
     out = _run("nguyen2014.py", tmp_path)
     claims = {c["claim"]: c for c in out["claims"]}

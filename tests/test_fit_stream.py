@@ -122,3 +122,19 @@ def test_partial_fit_estimators(rng):
     assert clf.score(X[400:], lab[400:]) >= acc0 - 0.02 and clf.score(X[400:], lab[400:]) > 0.8
     with pytest.raises(ValueError, match="not seen in the first batch"):
         clf.partial_fit(X[:3], np.array(["yes", "maybe", "no"]))
+
+
+def test_partial_fit_after_a_full_gp_fit(rng):
+    """partial_fit after fit() on a full GP continues from the same posterior as a sparse GP
+    whose inducing inputs are the training inputs: predictions unchanged before new rows."""
+    X = rng.uniform(-3, 3, size=(60, 1))
+    y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=60)
+    est = gpvi.GPRegressor(learn_hyperparameters=False, model="full", tol=1e-10).fit(X[:40], y[:40])
+    before = est.predict(X[40:])
+    sparse = gpvi.streaming.as_sparse(est.fit_result_)
+    m_full, v_full = est.fit_result_.predict_f(X[40:])
+    m_sp, v_sp = sparse.predict_f(X[40:])
+    np.testing.assert_allclose(m_sp, m_full, atol=1e-6)
+    np.testing.assert_allclose(v_sp, v_full, atol=1e-6)
+    est.partial_fit(X[40:], y[40:])
+    assert est.model_kind_ == "sparse" and not np.allclose(est.predict(X[40:]), before)

@@ -26,6 +26,8 @@ CASES = {
     "sum": K.RBF(variance=1.3, lengthscale=0.7) + K.Linear(variance=0.6) + K.Constant(variance=0.5),
     "product": K.Matern32(variance=0.9, lengthscale=1.1) * K.Linear(variance=0.6),
     "sum-of-products": K.RBF(lengthscale=ARD) * K.Matern12(variance=0.4) + K.Constant(variance=0.3),
+    # k(X1, X2) of the multiscale kernel is SE-ARD; its inducing forms are tested in test_ivsgpr.py
+    "multiscale-rbf": K.MultiscaleRBF(variance=0.8, lengthscale=ARD),
 }
 IDS = list(CASES)
 
@@ -46,6 +48,7 @@ def inputs(seed, n=N1):
 # Textbook profiles of the scaled distance r = |x − x'| / l.
 PROFILES = {
     K.RBF: lambda r: np.exp(-0.5 * r**2),
+    K.MultiscaleRBF: lambda r: np.exp(-0.5 * r**2),
     K.Matern12: lambda r: np.exp(-r),
     K.Matern32: lambda r: (1 + np.sqrt(3) * r) * np.exp(-np.sqrt(3) * r),
     K.Matern52: lambda r: (1 + np.sqrt(5) * r + 5 * r**2 / 3) * np.exp(-np.sqrt(5) * r),

@@ -124,3 +124,40 @@ def test_schedules_and_bad_options(rng):
                         ({"epochs": 0}, "epochs"), ({"hyper_rate": -1.0}, "hyper_rate")):
         with pytest.raises(ValueError, match=match):
             gpvi.fit(model, X, y, engine="sfp", engine_options=opts)
+
+
+@pytest.mark.slow
+def test_learns_hyperparameters_by_adam(rng):
+    """θ by Adam on the minibatch bound inside sfp, through fit(learn_hyperparameters=...): the
+    noise variance moves from 0.5 to near the value fpi's profile search finds."""
+    model, X, y = _problem(rng)
+    model = model.replace(likelihood=L.Gaussian(variance=0.5))
+    ref = gpvi.fit(model, X, y, learn_hyperparameters=["likelihood.variance"])
+    res = gpvi.fit(model, X, y, engine="sfp", learn_hyperparameters=["likelihood.variance"],
+                   engine_options=dict(batch_size=60, epochs=40, hyper_rate=0.05))
+    v, v_ref = float(res.model.likelihood.variance), float(ref.model.likelihood.variance)
+    assert abs(np.log(v / v_ref)) < 0.15, (v, v_ref)
+    assert "jointly" in res.message and res.vlb > ref.vlb - 2.0
+
+
+def test_safeguard_keeps_noisy_poisson_steps_finite():
+    """Small minibatches (B = 50, M = 60) of high Poisson counts: pure averaging overshoots into
+    overflow within one epoch; the safeguarded steps (γ halved while the batch's own bound would
+    drop) stay finite and end near the batch optimum."""
+    rng = np.random.default_rng(1)
+
+    def draw(shift):
+        X = rng.standard_normal((4000, 3))
+        f = np.sin(X[:, 0]) + 0.5 * np.cos(2 * X[:, 1])
+        y = rng.poisson(np.exp(f + shift)).astype(float)
+        return X, y, X[rng.choice(4000, 60, replace=False)]
+
+    draw(0.5)  # the second problem drawn from this seed is one where averaging overflows
+    X, y, Z = draw(1.5)
+    model = gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=1.5), L.Poisson(), inducing=Z)
+    bare = gpvi.fit(model, X, y, engine="sfp", engine_options=dict(batch_size=50, epochs=1, safeguard=False))
+    assert "non-finite" in bare.message
+    safe = gpvi.fit(model, X, y, engine="sfp", engine_options=dict(batch_size=50, epochs=1))
+    ref = gpvi.fit(model, X, y)
+    assert safe.backtracks > 0 and np.isfinite(safe.vlb)
+    assert ref.vlb - 0.01 * abs(ref.vlb) < safe.vlb <= ref.vlb + 1e-8

@@ -187,3 +187,21 @@ def test_minibatch_sums_padding_is_masked(rng):
     kl = 0.0  # at the prior state the KL term is 0, so the batch VLBs add up
     np.testing.assert_allclose(sum(float(p.vlb) for p in parts), float(ref.vlb) - kl, rtol=1e-12)
     np.testing.assert_allclose(sum(np.asarray(p.S) for p in parts), np.asarray(ref.S), atol=1e-12)
+
+
+def test_minibatch_larger_than_a_chunk_is_summed_in_pieces(rng):
+    """B = 2500 > DEFAULT_CHUNK: the batch is summed over padded sub-chunks (a scan); same sums
+    as Objective's pass over those rows, and minibatch_vlb agrees."""
+    import jax.numpy as jnp
+
+    from gpvi.objective import minibatch_vlb
+
+    N = 2500
+    model, X, y = _sparse_problem(rng, N, L.Poisson(), M=6)
+    obj = Objective(model, X, y)
+    state = gpvi.State(jnp.asarray(0.1 * rng.normal(size=6)), jnp.asarray(0.9 * np.eye(6)))
+    ch = Chunks(jnp.asarray(X), jnp.asarray(y), jnp.zeros(N), jnp.ones(N))
+    got, ref = minibatch_sums(model, obj.prior, ch, state, 1.0), obj.sums(state)
+    for a, r in zip(got, ref):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-11, atol=1e-9)
+    np.testing.assert_allclose(float(minibatch_vlb(model, ch, state, 1.0, prior=obj.prior)), float(ref.vlb), rtol=1e-12)

@@ -228,9 +228,10 @@ class _GPEstimator(BaseEstimator):
 
         The first call (on an unfitted estimator) is :meth:`fit` on that batch with a sparse GP
         (its standardisation, labels, inducing inputs and learned hyperparameters are then kept).
-        Every later call, or a call after :meth:`fit` with a sparse model, updates the posterior
-        over the inducing values by the new rows with the hyperparameters fixed
-        (:func:`gpvi.streaming.update`: assumed-density steps; exact for Gaussian noise).
+        Every later call, or a call after :meth:`fit`, updates the posterior over the inducing
+        values by the new rows with the hyperparameters fixed (:func:`gpvi.streaming.update`:
+        assumed-density steps; exact for Gaussian noise); a full GP fitted by :meth:`fit` first
+        becomes the sparse GP with its training inputs as inducing inputs (the same posterior).
         ``exposure`` is for :class:`GPCountRegressor` only.
         """
         if not hasattr(self, "fit_result_"):
@@ -238,9 +239,12 @@ class _GPEstimator(BaseEstimator):
             return self._fit(*args, _kind="sparse")
         from .streaming import update
 
-        if self.model_kind_ != "sparse":
-            raise ValueError("partial_fit updates sparse models only; this estimator was fitted with a full GP "
-                             "(use model='sparse')")
+        if self.model_kind_ == "full":
+            # the full GP's posterior is that of a sparse GP with the training inputs as inducing inputs
+            from .streaming import as_sparse
+
+            self.fit_result_ = as_sparse(self.fit_result_)
+            self.model_kind_ = "sparse"
         X = self._validate_X(X, reset=False)
         y = np.asarray(y)
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
@@ -390,6 +394,20 @@ class _LabelEstimator(_GPEstimator):
             raise ValueError(f"{type(self).__name__} needs at least two classes in y, but y has only one "
                              f"class ({self.classes_[0]!r})")
         return codes.astype(np.float64)
+
+    def partial_fit(self, X, y, classes=None):
+        """Online learning (see :meth:`_GPEstimator.partial_fit`).  ``classes`` (scikit-learn's
+        convention) lists every label; the first batch must contain all of them."""
+        if classes is not None:
+            classes = np.unique(np.asarray(classes))
+            known = getattr(self, "classes_", None) if hasattr(self, "fit_result_") else None
+            if known is not None:
+                if not np.array_equal(classes, known):
+                    raise ValueError(f"classes {classes.tolist()} differ from the fitted classes {known.tolist()}")
+            elif not np.array_equal(np.unique(np.asarray(y)), classes):
+                raise ValueError(f"the first partial_fit batch must contain every class in classes "
+                                 f"({classes.tolist()}); it has {np.unique(np.asarray(y)).tolist()}")
+        return super().partial_fit(X, y)
 
     def _encode_more(self, y):
         y = np.asarray(y)

@@ -163,7 +163,7 @@ def _check_offset(offset, N, name="offset"):
 def learnable_parameters(model: Model, learn_inducing: bool = False) -> list[str]:
     """Dotted names of the parameters :func:`fit` learns by default."""
     return [n for n, t in model.transforms().items()
-            if t != "fixed" and (learn_inducing or n != "inducing")]
+            if t != "fixed" and (learn_inducing or n not in ("inducing", "kernel.inducing_lengthscale"))]
 
 
 def _progress_callback(progress, engine):
@@ -444,6 +444,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
     # Engines that learn θ jointly with q (run.learns_hyperparameters: the stochastic engines)
     # take the names and return the learned model in extras["model"]; no profile search.
     joint = bool(learn_hyperparameters) and getattr(run, "learns_hyperparameters", False)
+    learned = joint
     try:
         if joint:
             names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
@@ -452,6 +453,9 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
             model = res.extras.pop("model", model)
         else:
             obj, res, trace = infer(model, state, tol, obj=obj)
+            # ivsgpr learns θ and Z whatever learn_hyperparameters says (it is the algorithm)
+            learned = "model" in res.extras
+            model = res.extras.pop("model", model)
         traces = [trace]
         rounds = 0
         counts = [res.backtracks, res.cycles, res.evaluations, res.clipped]
@@ -487,7 +491,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
                      converged=bool(res.converged and np.isfinite(res.vlb)), message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
-                     prior=_prior_cache(model, jnp.asarray(X)) if joint else obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
+                     prior=_prior_cache(model, jnp.asarray(X)) if learned else obj.prior, chunk_size=chunk_size, input_dim=X.shape[1], clipped=clipped,
                      subset=subset, extras=dict(res.extras), gap=float(res.gap))
 
 

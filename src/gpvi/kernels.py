@@ -14,10 +14,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from ._module import Module, param
+import numpy as np
+
+from ._module import Module, is_tracer, param
 
 __all__ = [
     "Kernel", "RBF", "Matern12", "Matern32", "Matern52", "Linear", "Constant", "Sum", "Product",
+    "MultiscaleRBF",
 ]
 
 
@@ -50,6 +53,18 @@ class Kernel(Module):
     def diag(self, X):
         """Diagonal ``k(x_i, x_i)`` of the covariance of ``X`` (N, D), shape (N,)."""
         return self._diag(_as_2d(X))
+
+    # A sparse GP asks for the covariances of its inducing variables through these two methods,
+    # so that a kernel can give inducing variables their own form (see MultiscaleRBF); for
+    # every other kernel an inducing variable is the function value at a point.
+    def inducing_cov(self, Z):
+        """Covariance ``K_uu`` (M, M) of the inducing variables at inducing inputs ``Z`` (M, D)."""
+        return self(Z, Z)
+
+    def inducing_cross(self, Z, X):
+        """Cross-covariance ``K_uf`` (M, N) between the inducing variables at ``Z`` (M, D) and
+        the function values at ``X`` (N, D)."""
+        return self(Z, X)
 
     def __add__(self, other):
         return Sum(kernels=(self, other))
@@ -218,3 +233,68 @@ class Product(Kernel):
 
     def __mul__(self, other):
         return Product(kernels=self.kernels + (other,))
+
+
+class MultiscaleRBF(RBF):
+    """SE-ARD kernel whose inducing variables are multiscale inducing *functions*.
+
+    ``k(x, x') = s² Π_d exp(−(x_d − x'_d)² / (2 ℓ_d²))`` is the covariance of ``f`` (what
+    ``kernel(X1, X2)`` and :meth:`diag` return, so a full GP with this kernel is an SE-ARD GP).
+    In a :class:`~gpvi.models.SparseGP` the inducing variable at ``z`` is an inducing function
+    with its own lengthscales ``l_z`` (``inducing_lengthscale``), the modified multiscale kernel
+    of Walder et al. (2008) in the form of Cheng & Boots (2016, Eq. 17):
+
+        ψ_zᵀψ_z' = Π_d (2 l_zd l_z'd / (l_zd² + l_z'd²))^{1/2} exp(−Σ_d (z_d − z'_d)² / (l_zd² + l_z'd²)),
+
+    ``K_uu = s² ψ_Zᵀψ_Z`` and ``K_uf = s² ψ_Zᵀφ_X`` with ``φ_x`` the same form at ``l = ℓ``.  These
+    are inner products of unit-norm Gaussian bumps of width ``l`` in L² (up to constants), so
+    ``[K_uu, K_uf; K_fu, K_ff]`` is positive semi-definite for any positive lengthscales.  With
+    ``l_z = ℓ`` for every ``z`` (the default ``inducing_lengthscale=None`` means exactly that)
+    the inducing functions are the function values at ``Z`` and the sparse GP is the SE-ARD one
+    (Cheng & Boots' remark after Eq. 17).
+
+    ``inducing_lengthscale`` : None, a number, a (D,) vector or an (M, D) array (one row per
+    inducing input; learned on the log scale like every positive parameter).  Unlike ``ℓ`` it
+    is a parameter of the inducing functions only: ``ψ_Z`` does not depend on ``s`` or ``ℓ``,
+    which is what lets :mod:`gpvi.engines.ivsgpr` compare posteriors across hyperparameters.
+    """
+
+    inducing_lengthscale: object = param("positive", None, shape=None)
+
+    def __post_init__(self):
+        val = self.inducing_lengthscale
+        if val is not None and not is_tracer(val) and np.ndim(val) > 2:
+            raise ValueError(f"MultiscaleRBF: inducing_lengthscale must be None, a finite number > 0, a (D,) "
+                             f"vector or an (M, D) array of them, got shape {np.shape(val)}")
+
+    def _inducing_l(self, Z):
+        ls = jnp.broadcast_to(jnp.asarray(self.lengthscale, Z.dtype), (Z.shape[1],))
+        lz = ls if self.inducing_lengthscale is None else jnp.asarray(self.inducing_lengthscale, Z.dtype)
+        if lz.ndim == 2 and lz.shape[0] != Z.shape[0]:
+            raise ValueError(f"inducing_lengthscale has {lz.shape[0]} rows but there are {Z.shape[0]} inducing inputs")
+        if lz.ndim >= 1 and lz.shape[-1] != Z.shape[1]:
+            raise ValueError(f"inducing_lengthscale has {lz.shape[-1]} columns but the inputs have {Z.shape[1]}")
+        return jnp.broadcast_to(lz, Z.shape), ls
+
+    def inducing_gram(self, Z1, l1, Z2, l2):
+        """``ψᵀψ'`` (M1, M2) of Eq. 17 without the variance, for inputs ``Z1`` (M1, D),
+        ``Z2`` (M2, D) and their lengthscales ``l1`` (M1, D), ``l2`` (M2, D) or (D,)."""
+        l1 = jnp.broadcast_to(l1, Z1.shape)
+        l2 = jnp.broadcast_to(l2, Z2.shape)
+        log_pre, expo = 0.0, 0.0
+        for k in range(Z1.shape[1]):  # a loop over input columns, not data points
+            a, b = l1[:, k, None], l2[None, :, k]
+            s2 = a * a + b * b
+            log_pre = log_pre + 0.5 * (jnp.log(2.0 * a * b) - jnp.log(s2))
+            expo = expo + (Z1[:, k, None] - Z2[None, :, k]) ** 2 / s2
+        return jnp.exp(log_pre - expo)
+
+    def inducing_cov(self, Z):
+        Z = _as_2d(Z)
+        lz, _ = self._inducing_l(Z)
+        return self.variance * self.inducing_gram(Z, lz, Z, lz)
+
+    def inducing_cross(self, Z, X):
+        Z, X = _as_2d(Z), _as_2d(X)
+        lz, ls = self._inducing_l(Z)
+        return self.variance * self.inducing_gram(Z, lz, X, ls)

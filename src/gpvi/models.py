@@ -283,10 +283,10 @@ class SparseGP(Model):
 
     def prior_cache(self, X):
         Z = jnp.asarray(self.inducing)
-        return cholesky(self.kernel(Z, Z), self.jitter)[0]
+        return cholesky(self.kernel.inducing_cov(Z), self.jitter)[0]
 
     def project(self, cache, Xc):
-        Kzx = self.kernel(jnp.asarray(self.inducing), Xc)
+        Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)
         At = solve_triangular(cache, Kzx, lower=True)
         c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
@@ -298,7 +298,7 @@ class SparseGP(Model):
         return _lower_inverse(cache)
 
     def project_many(self, pcache, Xc):
-        Kzx = self.kernel(jnp.asarray(self.inducing), Xc)
+        Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)
         At = _lower_matmul(pcache, Kzx)
         c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c

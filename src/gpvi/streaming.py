@@ -17,7 +17,7 @@ from .models import Model, _check_X
 from .objective import Chunks, State, minibatch_sums, num_blocks, prior_state
 from .stream import Stream, as_stream
 
-__all__ = ["fit_stream", "update", "STREAM_ENGINES"]
+__all__ = ["fit_stream", "update", "as_sparse", "STREAM_ENGINES"]
 
 STREAM_ENGINES = ("sfp", "svi")
 
@@ -40,7 +40,7 @@ def _stream_progress(total_rows):
 
 
 def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size: int | None = None,
-               epochs: int = 2, learn_hyperparameters=False, learn_inducing: bool = False,
+               epochs: int | None = 2, learn_hyperparameters=False, learn_inducing: bool = False,
                init: State | None = None, init_rows: int = 100_000, seed: int = 0, tol: float = 1e-6,
                max_iter: int = 500, progress: bool = False, callback=None,
                engine_options: dict | None = None) -> FitResult:
@@ -103,7 +103,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
         unknown = set(names) - set(model.transforms())
         if unknown:
             raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}")
-    bar = _stream_progress(N * epochs) if progress else None
+    bar = _stream_progress(N * epochs if epochs else None) if progress else None
     release = _BLAS_LIMIT.acquire()
     run = ENGINES[engine]
 
@@ -113,7 +113,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
                          converged=False, message=res.message, trace=res.trace, engine=engine,
                          evaluations=0, seconds=time.perf_counter() - t0,
                          prior=_prior_cache(mdl, jnp.asarray(Xh[:1])), input_dim=stream.num_features,
-                         clipped=res.clipped, extras=dict(res.extras), gap=float("nan"))
+                         backtracks=res.backtracks, clipped=res.clipped, extras=dict(res.extras), gap=float("nan"))
 
     try:
         res = run(None, state, tol=tol, max_iter=max_iter, callback=callback, batch_size=batch_size,
@@ -128,6 +128,22 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
         if bar is not None:
             bar.close()
     return result(res)
+
+
+def as_sparse(fit: FitResult) -> FitResult:
+    """A full-GP fit as the same posterior of a sparse GP whose inducing inputs are the training
+    inputs (the whitened state carries over: both whiten by the Cholesky factor of K(X, X) with
+    the same jitter); other fits unchanged."""
+    import dataclasses
+
+    from .models import GP, SparseGP
+
+    if not isinstance(fit.model, GP):
+        return fit
+    m = fit.model
+    Z = np.asarray(fit.prior[0])
+    sparse = SparseGP(m.kernel, m.likelihood, inducing=Z, mean=m.mean, jitter=m.jitter)
+    return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, jnp.asarray(Z)))
 
 
 def update(fit: FitResult, X, y, offset=None, *, batch_size: int = 4096) -> FitResult:

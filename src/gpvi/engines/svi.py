@@ -20,7 +20,7 @@ import optax
 
 from .._module import flatten_params, unflatten_params
 from ..objective import Objective, State, minibatch_vlb, num_blocks
-from ._stochastic import (DEFAULT_BATCH, EpochClock, check_model, check_positive_float, check_positive_int,
+from ._stochastic import (EpochClock, check_model, check_positive_float, check_positive_int,
                           drive, objective_stream)
 
 OPTIMIZERS = ("adadelta", "adam")
@@ -56,7 +56,7 @@ def _step(params, opt_state, model, names, batch, scale, prior, opt, blocks):
 
 def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
         max_iter: int = 500, callback=None, batch_size: int | None = None, learning_rate: float | None = None,
-        epochs: int = 10, seed: int = 0, optimizer: str = "adadelta", eval_every: int | None = None,
+        epochs: int | None = None, seed: int = 0, optimizer: str = "adadelta", eval_every: int | None = None,
         max_steps: int | None = None, hyperparameters=None, model=None, source=None, on_batch=None,
         on_epoch=None):
     """Run SVI from ``state``; returns an :class:`~gpvi.engines._common.EngineResult`.
@@ -65,10 +65,12 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     ----------
     objective : the full data (its rows are streamed in random minibatches, and it gives the
         full-data VLB of the trace and the final gap); None with ``source`` and ``model``.
-    batch_size : rows per minibatch B (default min(N, 1024)).
+    batch_size : rows per minibatch B (default min(N, max(64, N // 100)), about the sizes of
+        Izmailov & Kropotov's baseline).
     learning_rate : optimiser step (default 1.0 for AdaDelta, 0.01 for Adam).
     epochs : passes over the data (capped by ``max_iter``, the iteration limit of
-        :func:`gpvi.fit`: an iteration of a stochastic engine is one epoch).
+        :func:`gpvi.fit`: an iteration of a stochastic engine is one epoch); default 10, or as
+        many as make 1000 minibatch steps when the data are small.
     seed : seed of the per-epoch shuffles.
     optimizer : ``"adadelta"`` (default) or ``"adam"`` (optax).
     eval_every : record the full-data VLB every this many steps (default: after each epoch);
@@ -86,7 +88,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     """
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
-    epochs = check_positive_int("epochs", epochs)
+    epochs = check_positive_int("epochs", epochs, allow_none=True)
     eval_every = check_positive_int("eval_every", eval_every, allow_none=True)
     max_steps = check_positive_int("max_steps", max_steps, allow_none=True)
     rate = DEFAULT_RATES[optimizer] if learning_rate is None else check_positive_float("learning_rate", learning_rate)
@@ -95,9 +97,11 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     model = check_model(objective.model if model is None else model, "svi")
     stream = objective_stream(objective) if source is None else source
     N = stream.count_rows()
-    B = min(N, DEFAULT_BATCH) if batch_size is None else check_positive_int("batch_size", batch_size)
+    B = min(N, max(64, N // 100)) if batch_size is None else check_positive_int("batch_size", batch_size)
     if B > N:
         raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
+    if epochs is None:
+        epochs = max(10, -(-1000 * B // N))
     names = tuple(hyperparameters or ())
     blocks = num_blocks(state.mean.shape[0])
     opt = _optimizer(optimizer, rate)
