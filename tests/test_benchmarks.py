@@ -204,6 +204,8 @@ def test_cheng2016_benchmark_quick(tmp_path):
     assert all(c["verdict"] for c in out["claims"])
     assert (tmp_path / "cheng2016_quick.md").stat().st_size > 0
 
+
+@pytest.mark.slow
 def test_nguyen2014_benchmark_quick(tmp_path):
     out = _run("nguyen2014.py", tmp_path)
     claims = {c["claim"]: c for c in out["claims"]}
