@@ -338,7 +338,8 @@ def plot(res, path):
     b = res.get("boston")
     if b:
         names = ("GPR", "FULL", "MIX", "MIX2")
-        ax.boxplot([[r[n]["nlpd"] for r in b] for n in names], labels=names)
+        ax.boxplot([[r[n]["nlpd"] for r in b] for n in names])
+        ax.set_xticks(range(1, len(names) + 1), names)
         ax.set_title("Boston NLPD over splits")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
