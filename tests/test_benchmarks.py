@@ -241,3 +241,16 @@ def test_first_fit_benchmark_quick(tmp_path):
     assert set(out["runs"]) == {"after, cache off", "after, empty cache", "after, filled cache (new process)"}
     for run in out["runs"].values():
         assert len(run["regression_full"]) == len(run["classification_sparse"]) == 2
+
+
+@pytest.mark.slow
+def test_nguyen2014_benchmark_quick(tmp_path):
+    out = _run("nguyen2014.py", tmp_path)
+    claims = {c["claim"]: c for c in out["claims"]}
+    assert len(claims) >= 8
+    res = out["results"]
+    assert set(res) == {"boston", "creep", "abalone", "breast_cancer", "usps", "mining"}
+    # properties that do not depend on machine load: the Monte Carlo FULL agrees with quadrature
+    bc = res["breast_cancer"][0]
+    assert abs(bc["FULL-MC"]["error"] - bc["FULL"]["error"]) <= 0.01
+    assert res["usps"]["fixed"]["error"] < 0.2

@@ -7,9 +7,8 @@ marked slow: every fit on a new data shape compiles the engine, several minutes 
 quick representative subset (``test_sklearn_checks_quick``).  No check is skipped or expected
 to fail.  Two checks are adapted through scikit-learn's own estimator tags:
 
-- ``GPClassifier`` declares ``classifier_tags.multi_class = False`` (binary only for now), so
-  the checks feed it two-class targets and ``check_classifier_not_supporting_multiclass``
-  verifies that a multiclass target raises "Only binary classification is supported".
+- ``GPClassifier`` is multiclass (softmax on one latent GP per class beyond two classes), so the
+  checks feed it multiclass targets as well.
 - ``GPCountRegressor`` declares ``target_tags.positive_only`` (counts are non-negative) and
   ``regressor_tags.poor_score``: the score threshold of ``check_regressors_train`` (> 0.5 on a
   standardised continuous target shifted to [1, 7.5]) does not apply to a Poisson model — that
@@ -62,8 +61,7 @@ _QUICK_ALL = {
     "check_estimators_empty_data_messages", "check_estimator_sparse_array",
 }
 _QUICK_ONE = {
-    "GPClassifier": {"check_classifier_not_supporting_multiclass", "check_classifiers_one_label",
-                     "check_classifiers_regression_target", "check_fit2d_1sample"},
+    "GPClassifier": {"check_classifiers_one_label", "check_classifiers_regression_target", "check_fit2d_1sample"},
     "GPRegressor": {"check_supervised_y_2d"},
     "GPCountRegressor": set(),
     "GPOrdinalRegressor": set(),
@@ -455,10 +453,19 @@ def test_bad_parameters_raise_at_fit(kw, match):
         est.fit(X, targets["GPRegressor"])
 
 
-def test_classifier_rejects_multiclass_and_single_class():
+def test_classifier_multiclass_labels_kernels_and_single_class():
     X, _, _ = _data()
-    with pytest.raises(ValueError, match="Only binary classification is supported.*multiclass"):
-        GPClassifier().fit(X, np.arange(60) % 3)
+    labels = np.array(["red", "green", "blue"])[np.arange(60) % 3]
+    clf = GPClassifier(learn_hyperparameters=False).fit(X, labels)
+    assert list(clf.classes_) == ["blue", "green", "red"]
+    p = clf.predict_proba(X)
+    assert p.shape == (60, 3) and np.allclose(p.sum(1), 1.0)
+    assert set(clf.predict(X)) <= set(labels)
+    assert clf.fit_result_.state.mean.shape == (3, 60)
+    with pytest.raises(ValueError, match="kernel"):
+        GPClassifier(kernel=[kernels.RBF(), kernels.RBF()], learn_hyperparameters=False).fit(X, labels)
+    with pytest.raises(ValueError, match="kernel"):
+        GPClassifier(kernel=[kernels.RBF(), "rbf"]).fit(X, labels)
     with pytest.raises(ValueError, match="only one class"):
         GPClassifier().fit(X, np.ones(60))
     with pytest.raises(ValueError, match="only one class"):

@@ -19,8 +19,18 @@ from ._module import Module, param, static  # noqa: E402
 from .fit import FitResult, fit, learnable_parameters  # noqa: E402
 from .models import GLM, GP, Model, SparseGP  # noqa: E402
 from .objective import Objective, State, prior_state  # noqa: E402
+from . import montecarlo  # noqa: E402
+from .montecarlo import MonteCarlo  # noqa: E402
+from . import multilatent, pointprocess, softmax, warped  # noqa: E402
+from .multilatent import MultiLatent  # noqa: E402
+from .softmax import Softmax  # noqa: E402
+from .warped import Warped  # noqa: E402
+
 from . import stream  # noqa: E402
 from .streaming import fit_stream  # noqa: E402
+
+for _cls in (MonteCarlo, Warped, Softmax, MultiLatent):  # components outside likelihoods.py/models.py, saved in model files too
+    io.register(_cls)
 
 __version__ = "0.1.0"
 
@@ -41,4 +51,6 @@ __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
     "static", "io", "diagnostics", "stream", "fit_stream", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
+    "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess", "multilatent", "MultiLatent",
+    "softmax", "Softmax",
 ]

@@ -1,6 +1,7 @@
 """scikit-learn estimators on top of :func:`gpvi.fit`.
 
-- :class:`GPClassifier`: Bernoulli likelihood (logit or probit), binary labels; ``predict``
+- :class:`GPClassifier`: Bernoulli likelihood (logit or probit) for two classes, softmax on one
+  latent GP per class for more; ``predict``
   gives the most probable class, ``predict_proba`` the class probabilities.
 - :class:`GPRegressor`: Gaussian, Laplace or Student-t noise; ``predict`` gives the predictive
   mean (and standard deviation).
@@ -43,6 +44,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from . import io as _gio
 from . import _defaults, damping as _damping, kernels, likelihoods
+from .multilatent import MultiLatent
+from .softmax import Softmax
+from .warped import Warped
 from .fit import _check_offset, fit as _fit, learnable_parameters
 from .models import GP, SparseGP, _pandas_to_array, check_input_range
 
@@ -149,7 +153,9 @@ class _GPEstimator(BaseEstimator):
                              f"got {lh!r}")
         if not isinstance(self.tol, numbers.Real) or not self.tol > 0:
             raise ValueError(f"tol must be a positive number, got {self.tol!r}")
-        if self.kernel is not None and not isinstance(self.kernel, kernels.Kernel):
+        if self.kernel is not None and not isinstance(self.kernel, kernels.Kernel) and not (
+                getattr(self, "_multi_kernel", False) and isinstance(self.kernel, (list, tuple)) and self.kernel
+                and all(isinstance(k, kernels.Kernel) for k in self.kernel)):
             raise ValueError(f"kernel must be None or a gpvi kernel, got {type(self.kernel).__name__}")
 
     # ---- fitting ---------------------------------------------------------------------------
@@ -194,7 +200,19 @@ class _GPEstimator(BaseEstimator):
         kind = self.model if _kind is None else _kind
         if kind == "auto":
             kind = "full" if n <= self.full_max else "sparse"
-        if kind == "full":
+        Q = getattr(likelihood, "num_latents", 1)
+        if isinstance(kernel, (list, tuple)):
+            if len(kernel) not in (1, Q):
+                raise ValueError(f"kernel: got a list of {len(kernel)} kernels but the problem has {Q} latent "
+                                 f"function(s) (one per class): give one kernel or {Q}")
+            kernel = kernel[0] if Q == 1 else list(kernel)
+        if Q > 1:  # one latent GP per class (gpvi.multilatent), each with its own kernel and mean
+            if kind == "full":
+                model = MultiLatent.full(kernel, likelihood, mean=mean0)
+            else:
+                M = min(self.inducing, n, np.unique(Xs, axis=0).shape[0])
+                model = MultiLatent.sparse(kernel, likelihood, inducing=M, mean=mean0)
+        elif kind == "full":
             model = GP(kernel=kernel, likelihood=likelihood, mean=float(mean0))
         else:
             M = min(self.inducing, n, np.unique(Xs, axis=0).shape[0])
@@ -212,7 +230,11 @@ class _GPEstimator(BaseEstimator):
         damped = int(self.fit_result_.backtracks)
         if two_stage:  # then ARD from the isotropic optimum and its variational state
             first = self.fit_result_
-            model = first.model.replace(kernel=_defaults.ard_from(first.model.kernel, D))
+            if isinstance(first.model, MultiLatent):  # one kernel per latent (class)
+                model = first.model.replace(latents=tuple(lat.replace(kernel=_defaults.ard_from(lat.kernel, D))
+                                                          for lat in first.model.latents))
+            else:
+                model = first.model.replace(kernel=_defaults.ard_from(first.model.kernel, D))
             self.fit_result_ = _fit(model, Xs, y_int, engine=self.engine, learn_hyperparameters=learn,
                                     tol=float(self.tol), max_iter=self.max_iter,
                                     max_rounds=min(self.max_rounds, _defaults.ARD_ROUNDS), offset=offset,
@@ -449,19 +471,26 @@ class _LabelEstimator(_GPEstimator):
 
 
 class GPClassifier(ClassifierMixin, _LabelEstimator):
-    __doc__ = """Gaussian-process classifier (binary) fitted by variational inference.
+    __doc__ = """Gaussian-process classifier fitted by variational inference.
 
-    A Bernoulli likelihood with a logit or probit link on a latent GP; the prior mean starts at
-    the link of the base rate of the second class.  Multiclass problems are not supported yet.
+    Two classes: a Bernoulli likelihood with a logit or probit link on a latent GP; the prior
+    mean starts at the link of the base rate of the second class.  C > 2 classes: the softmax
+    likelihood on C latent GPs (:class:`gpvi.softmax.Softmax`, Nguyen & Bonilla 2014), each
+    with its own kernel (``kernel`` may be a list of C kernels; one kernel is used for every
+    class), hyperparameters and prior mean (started at the log base rate of its class); engines
+    ``"fpi"`` or ``"gradient"``.
 
     Parameters
     ----------""" + _COMMON_DOC + """
     link : {"logit", "probit"}, default "logit"
+        Link of the binary model (ignored with more than two classes).
 
     Attributes
     ----------
-    classes_ : (2,) array of the class labels, sorted""" + _FITTED_DOC + """
+    classes_ : (C,) array of the class labels, sorted""" + _FITTED_DOC + """
     """
+
+    _multi_kernel = True
 
     def __init__(self, kernel=None, *, model="auto", full_max=500, inducing=200, engine="fpi",
                  learn_hyperparameters=True, standardize=True, tol=1e-6, max_iter=500, max_rounds=100,
@@ -479,26 +508,24 @@ class GPClassifier(ClassifierMixin, _LabelEstimator):
         self.random_state = random_state
         self.link = link
 
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.classifier_tags.multi_class = False
-        return tags
-
     def _prepare_targets(self, y):
         check_classification_targets(y)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
-        if kind != "binary":
-            raise ValueError(f"Only binary classification is supported. The type of the target is {kind}: "
-                             f"{type(self).__name__} does not support multiclass problems yet.")
+        if kind not in ("binary", "multiclass"):
+            raise ValueError(f"y must hold binary or multiclass labels, got a target of type {kind}")
         return self._encode_classes(y)
 
     def _likelihood(self, y, offset):
+        C = len(self.classes_)
+        if C > 2:
+            freq = np.bincount(y.astype(int), minlength=C) / len(y)
+            return Softmax(num_classes=C), np.log(np.clip(freq, 0.5 / len(y), None))
         lik = likelihoods.Bernoulli(link=self.link)
         p = np.clip(np.mean(y), 0.5 / len(y), 1.0 - 0.5 / len(y))
         return lik, (scipy.special.logit(p) if self.link == "logit" else scipy.special.ndtri(p))
 
     def fit(self, X, y):
-        """Fit to inputs ``X`` (n_samples, n_features) and two-class labels ``y`` (n_samples,)."""
+        """Fit to inputs ``X`` (n_samples, n_features) and class labels ``y`` (n_samples,)."""
         return self._fit(X, y)
 
 
@@ -567,7 +594,8 @@ class _ValueEstimator(RegressorMixin, _GPEstimator):
         return 1.0, 0.0
 
 
-_NOISES = {"gaussian": likelihoods.Gaussian, "laplace": likelihoods.Laplace, "studentt": likelihoods.StudentT}
+_NOISES = {"gaussian": likelihoods.Gaussian, "laplace": likelihoods.Laplace, "studentt": likelihoods.StudentT,
+           "warped": Warped}
 
 
 class GPRegressor(_ValueEstimator):
@@ -579,7 +607,10 @@ class GPRegressor(_ValueEstimator):
 
     Parameters
     ----------""" + _COMMON_DOC + """
-    noise : {"gaussian", "laplace", "studentt"}, default "gaussian"
+    noise : {"gaussian", "laplace", "studentt", "warped"}, default "gaussian"
+        ``"warped"``: Gaussian noise on ``t(y)``, a monotone tanh-sum warping of the
+        (standardised) targets with three terms, learned with the other hyperparameters
+        (:class:`gpvi.warped.Warped`); predictions are in the original units.
     noise_scale : float, default 0.1
         Starting value (the fixed value when not learned) of the noise standard deviation
         (Gaussian) or scale (Laplace, Student-t), in units of the standardised targets when
@@ -636,6 +667,10 @@ class GPRegressor(_ValueEstimator):
             return likelihoods.Gaussian(variance=s**2), 0.0
         if self.noise == "laplace":
             return likelihoods.Laplace(scale=s), 0.0
+        if self.noise == "warped":
+            # start near the identity map, the three terms spread over the standardised range
+            return Warped(likelihoods.Gaussian(variance=s**2), a=[0.3, 0.3, 0.3], b=[1.0, 1.0, 1.0],
+                          c=[1.0, 0.0, -1.0]), 0.0
         return likelihoods.StudentT(scale=s, df=float(self.df)), 0.0
 
     def _target_scale(self):

@@ -120,6 +120,13 @@ class FitResult:
         """Class probabilities: (N, 2) for Bernoulli (columns: negative, positive class),
         (N, L) for ordinal levels 0..L−1."""
         lik = self.model.likelihood
+        if hasattr(lik, "predict_proba"):  # several classes (Softmax): (N, C)
+            m, v = self.predict_f(X, offset)
+            return np.asarray(likelihood_call(lik, "predict_proba", m, v))
+        from .montecarlo import MonteCarlo
+
+        if isinstance(lik, MonteCarlo):  # predictions are the wrapped likelihood's
+            lik = lik.likelihood
         if not isinstance(lik, (Bernoulli, Ordinal)):
             raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
         m, v = self.predict_f(X, offset)
@@ -245,7 +252,8 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
-        callback=None, engine_options: dict | None = None, subset=None, executor=None) -> FitResult:
+        callback=None, engine_options: dict | None = None, subset=None, executor=None,
+        posterior: str = "gaussian", components: int = 1) -> FitResult:
     """Fit a latent Gaussian model by variational inference.
 
     Parameters
@@ -296,10 +304,23 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         in every pass) with ``y=None``.  Every executor gives the same result; engines that keep
         per-row state (``dual``, ``laplace``, ``init="laplace"``) need the default.
 
+    posterior : ``"gaussian"`` (default; the paper's FULL) or ``"mog"``: a mixture of
+        ``components`` diagonal Gaussians (Nguyen & Bonilla 2014: MIX, MIX2 = 2 components) over
+        a full GP's latents, fitted by L-BFGS (:func:`gpvi.mog.fit_mog`, which returns a
+        :class:`gpvi.mog.MoGResult`; the engine options do not apply).
+
     Returns
     -------
     FitResult
     """
+    if posterior != "gaussian":
+        # Nguyen & Bonilla's mixture of diagonal Gaussians (MIX: components=1, MIX2: 2), by L-BFGS
+        if posterior != "mog":
+            raise ValueError(f"posterior must be 'gaussian' or 'mog', got {posterior!r}")
+        from .mog import fit_mog
+
+        return fit_mog(model, X, y, components=components, learn_hyperparameters=learn_hyperparameters,
+                       seed=seed)
     t0 = time.perf_counter()
     if not isinstance(engine, str) or engine not in ENGINES:
         raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {engine!r}")
@@ -403,8 +424,12 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         return obj, res, trace
 
     d = model.num_weights(X)
+    Q = getattr(model, "num_latents", None)  # None: a single-latent model
+    if Q is not None and (engine not in ("fpi", "gradient") or init == "laplace" or source is not None):
+        raise ValueError(f"engine={engine!r}: a model with {Q} latent functions runs on engine 'fpi' or "
+                         "'gradient', in memory, from init='prior' or a State")
     if not (init is None or isinstance(init, str)):
-        init = _check_init(init, d)
+        init = _check_init(init, d, Q)
     elif init not in (None, "prior", "laplace"):
         raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State, got {init!r}")
     # On the CPU, jaxlib's Cholesky and triangular solves call SciPy's OpenBLAS, whose idle
@@ -419,7 +444,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         except BaseException:
             release_blas()
             raise
-    state = prior_state(d) if init in (None, "prior") else init
+    state = prior_state(d, Q) if init in (None, "prior") else init
     own_learn = getattr(run, "learn", None) if learn_hyperparameters else None
     if own_learn is not None:
         # engines with their own hyperparameter driver (jj, taylor, jj-hybrid, jj-full: the
@@ -605,16 +630,18 @@ def _laplace_init(model, X, y, offset, chunk_size, cache_bytes):
     return obj, ENGINES["laplace"](obj, prior_state(obj.dim)).state
 
 
-def _check_init(init, d):
-    if not isinstance(init, State) or init.mean.shape != (d,) or init.chol.shape != (d, d):
-        raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State with mean ({d},) and chol ({d}, {d})")
+def _check_init(init, d, Q=None):
+    lead = () if Q is None else (Q,)
+    if not isinstance(init, State) or init.mean.shape != lead + (d,) or init.chol.shape != lead + (d, d):
+        shp = ", ".join(map(str, lead + (d,)))
+        raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State with mean ({shp}) and chol ({shp}, {d})")
     C = np.asarray(init.chol, np.float64)
     if not np.all(np.isfinite(C)) or not np.all(np.isfinite(np.asarray(init.mean))):
         raise ValueError("init contains NaN or infinite values")
     if np.any(np.triu(C, 1)):
         # The data passes need a lower-triangular factor: re-factorise V = C Cᵀ.
         try:
-            C = np.linalg.cholesky(C @ C.T)
+            C = np.linalg.cholesky(C @ np.swapaxes(C, -1, -2))
         except np.linalg.LinAlgError:
             raise ValueError("init.chol @ init.chol.T must be positive definite") from None
     return State(jnp.asarray(init.mean, jnp.float64), jnp.asarray(C))

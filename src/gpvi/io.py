@@ -215,9 +215,12 @@ def fit_result_from_arrays(meta, arrays, prefix="fit"):
         _real_array(value, f"parameter {name}")
     mean = _real_array(arrays[f"{prefix}.state.mean"], "state.mean")
     chol = _real_array(arrays[f"{prefix}.state.chol"], "state.chol")
-    d = mean.shape[0] if mean.ndim == 1 else 0
-    if d < 1 or chol.shape != (d, d) or np.any(np.triu(chol, 1)):
-        raise ValueError("the state must be a mean (d,) and a lower-triangular chol (d, d), got shapes "
+    Q = getattr(model, "num_latents", None)  # Q latent blocks (gpvi.multilatent): (Q, d), (Q, d, d)
+    lead = () if Q is None else (Q,)
+    d = mean.shape[-1] if mean.ndim == 1 + len(lead) and mean.shape[:-1] == lead else 0
+    if d < 1 or chol.shape != lead + (d, d) or np.any(np.triu(chol, 1)):
+        q = "Q, " if lead else ""
+        raise ValueError(f"the state must be a mean ({q}d) and a lower-triangular chol ({q}d, d), got shapes "
                          f"{mean.shape} and {chol.shape}")
     trace = _real_array(arrays[f"{prefix}.trace"], "trace", finite=False)
     if trace.ndim != 2 or trace.shape[1] != 2:
@@ -240,7 +243,8 @@ def _checked_prior(model, leaves, D, d):
     model computes.  Shapes are traced abstractly (:func:`jax.eval_shape`), so a file
     declaring a huge ``input_dim`` is refused without allocating anything.
     """
-    if isinstance(model, models.GP):
+    first = model.latents[0] if hasattr(model, "latents") else model  # MultiLatent: as its latents
+    if isinstance(first, models.GP):
         # A full GP's prior cache starts with its (N, D) training inputs.
         if not leaves or leaves[0].ndim != 2 or leaves[0].shape[0] == 0:
             raise ValueError("the prior cache of a full GP must start with its (N, D) training inputs")
@@ -258,8 +262,9 @@ def _checked_prior(model, leaves, D, d):
         raise ValueError(f"the prior cache has arrays of shapes {[a.shape for a in leaves]}, the model's {shapes}")
     prior = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(expected), [jnp.asarray(a) for a in leaves])
     At = jax.eval_shape(model.project, prior, jax.ShapeDtypeStruct((1, D), np.float64))[0]
-    if At.shape != (d, 1):
-        raise ValueError(f"the model projects onto {At.shape[0]} weights, the state has {d}")
+    lead = () if getattr(model, "num_latents", None) is None else (model.num_latents,)
+    if At.shape != lead + (d, 1):
+        raise ValueError(f"the model projects onto {At.shape[-2]} weights, the state has {d}")
     return prior
 
 
@@ -442,7 +447,8 @@ def _check_estimator(est) -> None:
         raise ValueError(f"feature_names_in_ of shape {np.shape(names)} does not fit a model of {D} inputs")
     if is_classifier(est):
         lik = est.fit_result_.model.likelihood
-        levels = 2 if isinstance(lik, likelihoods.Bernoulli) else getattr(lik, "num_levels", 0)
+        levels = 2 if isinstance(lik, likelihoods.Bernoulli) else getattr(lik, "num_levels",
+                                                                           getattr(lik, "num_classes", 0))
         if levels < 2 or np.shape(getattr(est, "classes_", None)) != (levels,):
             raise ValueError(f"classes_ must hold one label for each of the {levels} levels of the "
                              f"{type(lik).__name__} likelihood")

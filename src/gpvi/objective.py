@@ -63,10 +63,54 @@ class Chunks(NamedTuple):
     mask: jax.Array  # (C, n)
 
 
-def prior_state(d: int) -> State:
-    """The prior ``N(0, I)`` as a state (the default starting point)."""
+def prior_state(d: int, num_latents: int | None = None) -> State:
+    """The prior ``N(0, I)`` as a state (the default starting point); with ``num_latents = Q``
+    (a model with latent blocks, :mod:`gpvi.multilatent`) a batch of Q blocks, mean (Q, d) and
+    chol (Q, d, d)."""
     # built in NumPy and transferred: jnp.zeros/jnp.eye would each compile for every new d
-    return State(jnp.asarray(np.zeros(d)), jnp.asarray(np.eye(d)))
+    if num_latents is None:
+        return State(jnp.asarray(np.zeros(d)), jnp.asarray(np.eye(d)))
+    return State(jnp.asarray(np.zeros((num_latents, d))), jnp.asarray(np.broadcast_to(np.eye(d), (num_latents, d, d))))
+
+
+# ---- several latent functions --------------------------------------------------------------
+# A state whose mean is (Q, d) holds Q independent latent blocks (gpvi.multilatent): every
+# per-latent operation below is the single-latent one mapped over the leading axis with
+# jax.vmap, chosen at trace time from the static number of dimensions, so a single-latent model
+# runs exactly the program it always ran.  The likelihood sees each row's Q latents together.
+
+
+def is_batched(state) -> bool:
+    """Whether ``state`` holds several latent blocks (mean (Q, d))."""
+    return state.mean.ndim == 2
+
+
+def per_latent(fn, batched: bool, *args):
+    """``fn(*args)``, or mapped over the leading (latent) axis of every argument."""
+    return jax.vmap(fn)(*args) if batched else fn(*args)
+
+
+def kl_state(state) -> jax.Array:
+    """``KL(q || prior)`` summed over latent blocks (the prior is ``N(0, I)`` in each)."""
+    if is_batched(state):
+        return jnp.sum(jax.vmap(kl_standard_normal)(state.mean, state.chol))
+    return kl_standard_normal(state.mean, state.chol)
+
+
+def latent_moments_of_rows(lik, y, m, v, batched: bool, need_moments: bool = True):
+    """``(E, ρ, λ)`` (or ``E`` alone) of the likelihood for one chunk: with several latents the
+    marginals ``m, v`` (Q, n) are handed to it as (n, Q) and ``ρ, λ`` returned as (Q, n)."""
+    if not batched:
+        return lik.variational_moments(y, m, v) if need_moments else lik.expected_log_prob(y, m, v)
+    if getattr(lik, "num_latents", 1) == 1:  # one latent block of a single-latent likelihood
+        if not need_moments:
+            return lik.expected_log_prob(y, m[0], v[0])
+        E, rho, lam = lik.variational_moments(y, m[0], v[0])
+        return E, rho[None], lam[None]
+    if not need_moments:
+        return lik.expected_log_prob(y, m.T, v.T)
+    E, rho, lam = lik.variational_moments(y, m.T, v.T)
+    return E, rho.T, lam.T
 
 
 def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK, bucketed: bool = False) -> Chunks:
@@ -238,28 +282,34 @@ def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
     work every executor of the data pass maps over the data (see :mod:`gpvi.executors`).
     """
     lik = model.likelihood
-    d = state.mean.shape[0]
-    W = _stacked(state)
+    d = state.mean.shape[-1]
+    Q = is_batched(state)  # several latents: per-latent blocks of the same sums (see per_latent)
+    W = per_latent(_stacked, Q, state)
     pcache = None if cached else model.pass_cache(prior)
 
     def body(carry, xs):
         sE, g, S = carry
         ch, pr = xs
         A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
-        m, v = _marginals_stacked(A, b, c, ch.offset, W)
-        E, rho, lam = lik.variational_moments(ch.y, m, v)
+        m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+        E, rho, lam = latent_moments_of_rows(lik, ch.y, m, v, Q)
         keep = ch.mask > 0
         E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
         sE = sE + jnp.sum(E)
         if want_hessian:
             w = jnp.minimum(lam, 0.0) if clip_gamma else lam
-            P, Arho = block_gram(A, w, rho)
+            P, Arho = per_latent(block_gram, Q, A, w, rho)
             S = tuple(s + t for s, t in zip(S, P))
         else:
-            Arho = block_matvec(A, rho)
+            Arho = per_latent(block_matvec, Q, A, rho)
         return (sE, g + Arho, S), None
 
-    init = (jnp.zeros(()), jnp.zeros(d), zero_gram(d, blocks) if want_hessian else ())
+    zero_S = ()
+    if want_hessian:
+        zero_S = zero_gram(d, blocks)
+        if Q:
+            zero_S = tuple(jnp.zeros((state.mean.shape[0],) + z.shape, z.dtype) for z in zero_S)
+    init = (jnp.zeros(()), jnp.zeros(state.mean.shape), zero_S)
     out, _ = jax.lax.scan(body, init, (chunks, proj))
     return out
 
@@ -268,8 +318,12 @@ def finish_sums(partial_sums, state, blocks, want_hessian):
     """:class:`Sums` fields ``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)`` from the partial sums of all
     the data (the KL term and the prior's share of the gradient added once)."""
     sE, g, S = partial_sums
-    kl = kl_standard_normal(state.mean, state.chol)
-    return sE - kl, g - state.mean, (assemble_gram(S, blocks) if want_hessian else jnp.zeros((0, 0)))
+    kl = kl_state(state)
+    if want_hessian:
+        S = per_latent(lambda S_: assemble_gram(S_, blocks), is_batched(state), S)
+    else:
+        S = jnp.zeros((0, 0))
+    return sE - kl, g - state.mean, S
 
 
 def add_partials(parts):
@@ -300,14 +354,15 @@ def _sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
 def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
     """``Σ E_i`` over ``chunks`` (no derivatives): the partial sum behind :meth:`Objective.vlb`."""
     lik = model.likelihood
-    W = _stacked(state)
+    Q = is_batched(state)
+    W = per_latent(_stacked, Q, state)
     pcache = None if cached else model.pass_cache(prior)
 
     def body(sE, xs):
         ch, pr = xs
         A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
-        m, v = _marginals_stacked(A, b, c, ch.offset, W)
-        E = lik.expected_log_prob(ch.y, m, v)
+        m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+        E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
 
     sE, _ = jax.lax.scan(body, jnp.zeros(()), (chunks, proj))
@@ -317,8 +372,7 @@ def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
 @partial(jax.jit, static_argnames=("cached", "blocks"))
 def _expected(model, prior, chunks, proj, state, cached, blocks):
     """The VLB only (no derivatives)."""
-    return _expected_pass(model, prior, chunks, proj, state, cached, blocks) \
-        - kl_standard_normal(state.mean, state.chol)
+    return _expected_pass(model, prior, chunks, proj, state, cached, blocks) - kl_state(state)
 
 
 def _all_finite(tree):
@@ -377,8 +431,9 @@ class Objective:
         self.num_data = int(self.X.shape[0])
         self.chunks = make_chunks(X, y, offset, chunk_size, bucketed=bucketable(model))
         self.dim = model.num_weights(X)
+        self.num_latents = getattr(model, "num_latents", None)  # None: a single-latent model
         C, n = self.chunks.mask.shape
-        self.cached = C * n * (self.dim + 2) * 8 <= cache_bytes
+        self.cached = C * n * (self.dim + 2) * (self.num_latents or 1) * 8 <= cache_bytes
         self.blocks = num_blocks(self.dim) if blocks is None else int(blocks)
         if not 1 <= self.blocks <= self.dim:
             raise ValueError(f"blocks must be between 1 and the number of weights ({self.dim}), got {blocks!r}")
@@ -413,14 +468,16 @@ def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: Stat
     in both; each chunk is rematerialised in the backward pass (``jax.checkpoint``), so the
     gradient takes O(chunk·d + d²) memory like the forward pass."""
     lik = model.likelihood
-    W = _stacked(state)
+    Q = is_batched(state)
+    W = per_latent(_stacked, Q, state)
     pcache = model.pass_cache(prior)
 
     @jax.checkpoint
     def chunk_E(ch):
         A, b, c = pass_projection(model, pcache, ch, None, False, blocks)
-        m, v = _marginals_stacked(A, b, c, ch.offset, W)
-        return jnp.sum(jnp.where(ch.mask > 0, lik.expected_log_prob(ch.y, m, v), 0.0))
+        m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+        E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
+        return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
 
     sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
     return sE
@@ -429,9 +486,9 @@ def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: Stat
 def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State, blocks: int | None = None):
     """VLB recomputed from scratch for ``model`` (differentiable in its parameters); memory as
     :func:`expected_in_hyperparameters`."""
-    k = num_blocks(state.mean.shape[0]) if blocks is None else blocks
+    k = num_blocks(state.mean.shape[-1]) if blocks is None else blocks
     sE = expected_in_hyperparameters(model, model.prior_cache(X), chunks, state, k)
-    return sE - kl_standard_normal(state.mean, state.chol)
+    return sE - kl_state(state)
 
 
 # ---- one minibatch, scaled (the stochastic engines: sfp, svi) ----------------------------------

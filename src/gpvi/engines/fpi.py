@@ -102,8 +102,8 @@ STALL_WINDOW = 30
 
 
 def _stall_message(gain, gap, sums):
-    H = np.eye(sums.S.shape[0]) - np.asarray(sums.S)
-    ev = np.linalg.eigvalsh(0.5 * (H + H.T))
+    H = np.eye(sums.S.shape[-1]) - np.asarray(sums.S)
+    ev = np.sort(np.linalg.eigvalsh(0.5 * (H + np.swapaxes(H, -1, -2))).ravel())
     return (f"stalled: the last {STALL_WINDOW} steps were all damped and together gained {gain:.3g} nats, "
             f"less than half the estimated gap of {gap:.3g} nats that remains; the fixed-point map does not "
             f"contract at this state (ill-conditioned: I − Σλaaᵀ has eigenvalues from {ev[0]:.3g} to "

@@ -22,8 +22,18 @@ from ..objective import Objective, State
 from ._common import Clock, EngineResult, estimated_gap, final_gap, gap_threshold
 
 
+# A state of Q latent blocks (mean (Q, d), gpvi.multilatent) is packed block after block; the
+# single-latent layout is unchanged.  ``shape`` is the mean's shape.
+
+
 @partial(jax.jit, static_argnums=0)
-def _unpack(d, x):
+def _unpack(shape, x):
+    if len(shape) == 2:
+        return jax.vmap(lambda xq: _unpack_one(shape[1], xq))(x.reshape(shape[0], -1))
+    return _unpack_one(shape[0], x)
+
+
+def _unpack_one(d, x):
     i, j = jnp.tril_indices(d)
     C = jnp.zeros((d, d), x.dtype).at[i, j].set(x[d:])
     return State(x[:d], C)
@@ -31,6 +41,12 @@ def _unpack(d, x):
 
 @jax.jit
 def _pack(state):
+    if state.mean.ndim == 2:
+        return jax.vmap(_pack_one)(state).reshape(-1)
+    return _pack_one(state)
+
+
+def _pack_one(state):
     d = state.mean.shape[0]
     i, j = jnp.tril_indices(d)
     return jnp.concatenate([state.mean, state.chol[i, j]])
@@ -38,6 +54,12 @@ def _pack(state):
 
 @jax.jit
 def _grad_vector(state, grad_m, S):
+    if grad_m.ndim == 2:
+        return jax.vmap(_grad_vector_one)(state, grad_m, S).reshape(-1)
+    return _grad_vector_one(state, grad_m, S)
+
+
+def _grad_vector_one(state, grad_m, S):
     C = state.chol
     d = C.shape[0]
     gC = jnp.tril(S @ C) - C + jnp.diag(1.0 / jnp.diag(C))
@@ -49,7 +71,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         max_iter: int = 500, history: int = 20, callback=None) -> EngineResult:
     """Maximise the VLB with SciPy's L-BFGS-B from ``state`` until the estimated gap is at most
     ``tol_nats`` (default ``0.1·tol·max(1, |VLB|)``)."""
-    d = state.mean.shape[0]
+    d = tuple(state.mean.shape)
     clock = Clock(callback)
     memo: dict = {}
 
@@ -126,7 +148,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     final = _unpack(d, jnp.asarray(x))
     # Columns may have flipped sign; V = C Cᵀ is unchanged by making the diagonal positive.
     chol = np.asarray(final.chol)
-    final = State(final.mean, jnp.asarray(chol * np.where(np.diag(chol) < 0, -1.0, 1.0)[None, :]))
+    diag = np.diagonal(chol, axis1=-2, axis2=-1)
+    final = State(final.mean, jnp.asarray(chol * np.where(diag < 0, -1.0, 1.0)[..., None, :]))
     ok = bool(cur["gap"] <= cur["thr"])
     return EngineResult(final, -float(cur["f"]), cur["it"], ok, msg, clock.trace,
                         evaluations=objective.num_evaluations, gap=float(cur["gap"]))

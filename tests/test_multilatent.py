@@ -1,0 +1,158 @@
+"""Several latent functions (gpvi.multilatent) and the softmax likelihood (gpvi.softmax): the
+per-latent data sums against finite differences of the VLB, fpi against gradient, the batched path
+against the single-latent one, and bad input."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gpvi
+from gpvi import GP, MonteCarlo, Objective, kernels
+from gpvi import likelihoods as L
+from gpvi.multilatent import MultiLatent
+from gpvi.objective import State, prior_state
+from gpvi.softmax import Softmax
+
+
+def _three_class(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3, 3, (n, 2))
+    F = 2.0 * np.stack([np.sin(X[:, 0]), np.cos(X[:, 1]), 0.2 * X[:, 0] * X[:, 1]], 1)
+    P = np.exp(F) / np.exp(F).sum(1, keepdims=True)
+    y = np.array([rng.choice(3, p=p) for p in P]).astype(float)
+    return X, y
+
+
+def _random_state(Q, d, seed=1):
+    rng = np.random.default_rng(seed)
+    mean = 0.5 * rng.standard_normal((Q, d))
+    C = np.tril(0.1 * rng.standard_normal((Q, d, d)), -1) + np.eye(d) * rng.uniform(0.5, 1.0, (Q, 1, d))
+    return State(jnp.asarray(mean), jnp.asarray(C))
+
+
+def test_softmax_expectation_against_sampling():
+    s = Softmax(num_classes=3)
+    y = jnp.asarray([0.0, 2.0, 1.0])
+    m = jnp.asarray([[0.5, -0.2, 0.1], [1.0, 0.0, -1.0], [-2.0, 1.0, 0.3]])
+    v = jnp.asarray([[0.3, 0.5, 1.0], [0.2, 0.2, 2.0], [1.5, 0.1, 0.4]])
+    rng = np.random.default_rng(0)
+    f = np.asarray(m)[:, None] + np.sqrt(np.asarray(v))[:, None] * rng.standard_normal((3, 200000, 3))
+    lp = np.asarray(s.log_prob(y[:, None], jnp.asarray(f)))
+    se = lp.std(1) / np.sqrt(lp.shape[1])
+    assert np.all(np.abs(np.asarray(s.expected_log_prob(y, m, v)) - lp.mean(1)) < 4 * se + 1e-4)
+    p = np.asarray(s.predict_proba(m, v))
+    sm = np.exp(f) / np.exp(f).sum(-1, keepdims=True)
+    np.testing.assert_allclose(p, sm.mean(1), atol=3e-3)
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("lik", [Softmax(num_classes=3), MonteCarlo(Softmax(num_classes=3), num_samples=256)],
+                         ids=["quadrature", "mc"])
+def test_sums_are_the_vlb_gradient_by_finite_differences(lik):
+    X, y = _three_class(n=25)
+    model = MultiLatent.full([kernels.RBF(lengthscale=1.0), kernels.RBF(lengthscale=2.0),
+                              kernels.Matern52(lengthscale=1.5)], lik, mean=[0.0, 0.3, -0.2])
+    obj = Objective(model, X, y)
+    st = _random_state(3, 25)
+    sums = obj.sums(st)
+    assert sums.grad.shape == (3, 25) and sums.S.shape == (3, 25, 25)
+    h = 1e-5
+    rng = np.random.default_rng(2)
+    for _ in range(6):
+        q, k = rng.integers(3), rng.integers(25)
+        e = jnp.zeros((3, 25)).at[q, k].set(h)
+        fd = (float(obj.vlb(State(st.mean + e, st.chol))) - float(obj.vlb(State(st.mean - e, st.chol)))) / (2 * h)
+        assert abs(float(sums.grad[q, k]) - fd) < 1e-6 * max(1.0, abs(fd))
+    # ∂VLB/∂C = tril(S C) − C + diag(1/C) per block (the gradient engine's formula)
+    for _ in range(6):
+        q, i = rng.integers(3), rng.integers(25)
+        j = rng.integers(i + 1)
+        E = jnp.zeros((3, 25, 25)).at[q, i, j].set(h)
+        fd = (float(obj.vlb(State(st.mean, st.chol + E))) - float(obj.vlb(State(st.mean, st.chol - E)))) / (2 * h)
+        C, S = st.chol[q], sums.S[q]
+        g = jnp.tril(S @ C) - C + jnp.diag(1.0 / jnp.diag(C))
+        assert abs(float(g[i, j]) - fd) < 1e-6 * max(1.0, abs(fd))
+
+
+@pytest.mark.parametrize("lik", [Softmax(num_classes=3), MonteCarlo(Softmax(num_classes=3), num_samples=256)],
+                         ids=["quadrature", "mc"])
+def test_fpi_and_gradient_reach_the_same_vlb(lik):
+    X, y = _three_class(n=60)
+    model = MultiLatent.full([kernels.RBF(lengthscale=1.0)] * 3, lik)
+    a = gpvi.fit(model, X, y, engine="fpi", tol=1e-9)
+    b = gpvi.fit(model, X, y, engine="gradient", tol=1e-9)
+    assert a.converged and b.converged, (a.message, b.message)
+    assert abs(a.vlb - b.vlb) <= 1e-6 * abs(a.vlb), (a.vlb, b.vlb)
+    np.testing.assert_allclose(np.asarray(a.state.mean), np.asarray(b.state.mean), atol=1e-3)
+    # the fit is better than the prior and the classes are recovered above chance
+    assert a.vlb > float(Objective(model, X, y).vlb(prior_state(60, 3)))
+    p = a.predict_proba(X)
+    assert p.shape == (60, 3) and np.allclose(p.sum(1), 1.0) and (p.argmax(1) == y).mean() > 0.6
+
+
+@pytest.mark.slow
+def test_one_latent_batch_equals_the_single_latent_model():
+    # the batched (per-latent) path with Q = 1 gives the single-latent path's numbers
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (50, 1))
+    y = (np.sin(2 * X[:, 0]) > 0).astype(float)
+    k = kernels.RBF(lengthscale=0.8)
+    single = gpvi.fit(GP(k, L.Bernoulli()), X, y, engine="fpi", tol=1e-10)
+    batch = gpvi.fit(MultiLatent([GP(k, None)], L.Bernoulli()), X, y, engine="fpi", tol=1e-10)
+    assert batch.state.mean.shape == (1, 50)
+    assert abs(single.vlb - batch.vlb) < 1e-9 * abs(single.vlb)
+    np.testing.assert_allclose(np.asarray(batch.state.mean[0]), np.asarray(single.state.mean), atol=1e-6)
+    np.testing.assert_allclose(batch.predict_f(X)[0][:, 0], single.predict_f(X)[0], atol=1e-6)
+
+
+@pytest.mark.slow
+def test_sparse_latents_with_learned_hyperparameters():
+    X, y = _three_class(n=80)
+    model = MultiLatent.sparse([kernels.RBF()] * 3, Softmax(num_classes=3), inducing=15)
+    res = gpvi.fit(model, X, y, engine="fpi", learn_hyperparameters=True, max_rounds=20)
+    start = gpvi.fit(model, X, y, engine="fpi")
+    assert res.vlb > start.vlb
+    assert "latents.2.kernel.lengthscale" in gpvi.learnable_parameters(res.model)
+    assert np.asarray(res.model.latents[0].inducing).shape == (15, 2)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="latents"):
+        MultiLatent([GP(kernels.RBF(), None)] * 2, Softmax(num_classes=3))
+    with pytest.raises(ValueError, match="kernels"):
+        MultiLatent.full([kernels.RBF()] * 2, Softmax(num_classes=3))
+    with pytest.raises(ValueError, match="num_classes"):
+        Softmax(num_classes=1)
+    X, y = _three_class(n=20)
+    model = MultiLatent.full([kernels.RBF()] * 3, Softmax(num_classes=3))
+    with pytest.raises(ValueError, match="outside 0..2"):
+        gpvi.fit(model, X, np.where(y == 2, 3.0, y))
+    with pytest.raises(ValueError, match="outside 0..2"):
+        gpvi.fit(model, X, y + 0.5)
+    with pytest.raises(ValueError, match="engine"):
+        gpvi.fit(model, X, y, engine="fpb")
+    with pytest.raises(ValueError, match="mean"):
+        MultiLatent.full([kernels.RBF()] * 3, Softmax(num_classes=3), mean=[0.0, 1.0])
+
+
+@pytest.mark.slow
+def test_multiclass_classifier_saves_and_loads(tmp_path):
+    X, y = _three_class(n=40)
+    names = np.array(["four", "seven", "nine"])[y.astype(int)]
+    for kind in ("full", "sparse"):
+        clf = gpvi.GPClassifier(model=kind, inducing=10, learn_hyperparameters=False).fit(X, names)
+        gpvi.io.save(clf, tmp_path / f"{kind}.gpvi")
+        back = gpvi.io.load(tmp_path / f"{kind}.gpvi")
+        np.testing.assert_array_equal(back.predict_proba(X), clf.predict_proba(X))
+        assert list(back.classes_) == ["four", "nine", "seven"]
+
+
+def test_default_multiclass_classifier_goes_isotropic_then_ard():
+    """GPClassifier's default kernel (isotropic first, then one lengthscale per feature) on three
+    classes: each class's latent ends with an ARD kernel, and the fit separates the classes."""
+    rng = np.random.default_rng(5)
+    X = rng.normal(size=(90, 3))
+    y = np.argmax(X[:, :2] @ np.array([[2.0, -1.0, 0.0], [0.0, 1.5, -2.0]]), axis=1)
+    clf = gpvi.GPClassifier(max_rounds=2).fit(X, y)
+    assert all(np.shape(lat.kernel.lengthscale) == (3,) for lat in clf.fit_result_.model.latents)
+    assert clf.score(X, y) > 0.8
