@@ -62,6 +62,19 @@ def objective_stream(objective: Objective) -> Stream:
     return s
 
 
+def setup(objective, model, source, batch_size, engine, default_batch):
+    """``(model, stream, N, B)`` of a stochastic engine's run: the model checked for ``engine``,
+    the stream (``source``, or the objective's rows), its row count and the batch size
+    (``default_batch(N)`` when ``batch_size`` is None; ``ValueError`` outside 1..N)."""
+    model = check_model(objective.model if model is None else model, engine)
+    stream = objective_stream(objective) if source is None else source
+    N = stream.count_rows()
+    B = default_batch(N) if batch_size is None else check_positive_int("batch_size", batch_size)
+    if B > N:
+        raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
+    return model, stream, N, B
+
+
 def to_chunk(batch, likelihood, validate: bool) -> Chunks:
     """A :class:`~gpvi.stream.Batch` as a one-chunk :class:`Chunks` of JAX arrays; ``y``
     checked and coded by the likelihood when ``validate`` (errors name the batch)."""

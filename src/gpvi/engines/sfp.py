@@ -40,8 +40,7 @@ import optax
 from .._module import flatten_params, unflatten_params
 from ..objective import DEFAULT_CHUNK, Objective, State, minibatch_projection, minibatch_sums, minibatch_vlb, num_blocks
 from ._common import natural_step, precision_chol, tri_inv
-from ._stochastic import (DEFAULT_BATCH, EpochClock, check_model, check_positive_float, check_positive_int,
-                          drive, objective_stream)
+from ._stochastic import DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive, setup
 
 
 def paper_schedule(t):
@@ -212,12 +211,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         raise ValueError(f"hyper_decay must be True or False, got {hyper_decay!r}")
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    model = check_model(objective.model if model is None else model, "sfp")
-    stream = objective_stream(objective) if source is None else source
-    N = stream.count_rows()
-    B = min(N, DEFAULT_BATCH) if batch_size is None else check_positive_int("batch_size", batch_size)
-    if B > N:
-        raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
+    model, stream, N, B = setup(objective, model, source, batch_size, "sfp", lambda N: min(N, DEFAULT_BATCH))
     if epochs is None:
         epochs = max(2, -(-50 * B // N))
     names = list(hyperparameters or ())

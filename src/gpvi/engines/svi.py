@@ -22,8 +22,7 @@ import optax
 
 from .._module import flatten_params, unflatten_params
 from ..objective import Objective, State, minibatch_vlb, num_blocks
-from ._stochastic import (EpochClock, check_model, check_positive_float, check_positive_int,
-                          drive, objective_stream)
+from ._stochastic import EpochClock, check_positive_float, check_positive_int, drive, setup
 
 OPTIMIZERS = ("adadelta", "adam")
 DEFAULT_RATES = {"adadelta": 1.0, "adam": 0.01}
@@ -102,12 +101,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     rate = DEFAULT_RATES[optimizer] if learning_rate is None else check_positive_float("learning_rate", learning_rate)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    model = check_model(objective.model if model is None else model, "svi")
-    stream = objective_stream(objective) if source is None else source
-    N = stream.count_rows()
-    B = min(N, max(64, N // 100)) if batch_size is None else check_positive_int("batch_size", batch_size)
-    if B > N:
-        raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
+    model, stream, N, B = setup(objective, model, source, batch_size, "svi", lambda N: min(N, max(64, N // 100)))
     if epochs is None:
         epochs = max(10, -(-1000 * B // N))
     names = tuple(hyperparameters or ())
