@@ -38,6 +38,18 @@ def test_scale_benchmark_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_scale_large_benchmark_quick(tmp_path):
+    """The issue-18 runs at smoke size: a Parquet fit in process and on a 2-worker LocalCluster
+    give the same VLB, and the L⁻¹-product pass matches the triangular solve."""
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--large", "--quick", "--outdir",
+                    str(tmp_path), "--tmpdir", str(tmp_path)], check=True, capture_output=True, text=True, timeout=600)
+    out = json.loads((tmp_path / "scale_large_quick.json").read_text())
+    assert out["checks"]["dask_vlb_within_1e-10"] and out["checks"]["vlb_within_1e-8_of_triangular_solve"]
+    assert out["runs"]["local"]["converged"] and out["runs"]["local"]["passes"] >= 2
+    assert (tmp_path / "scale_large_quick.png").stat().st_size > 0
+
+
+@pytest.mark.slow
 def test_conditions_benchmark_quick(tmp_path):
     # Runs without the shared data too (the Fig. 1b/c fits are then skipped).
     out = _run("conditions.py", tmp_path)
