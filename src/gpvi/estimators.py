@@ -264,17 +264,22 @@ class _GPEstimator(BaseEstimator):
             return self._fit(*args, _kind="sparse")
         from .streaming import update
 
+        X = self._validate_X(X, reset=False)
+        y = np.asarray(y)
+        if y.ndim != 1 or y.shape[0] != X.shape[0]:
+            raise ValueError(f"y must have one entry per row of X ({X.shape[0]}), got shape {y.shape}")
+        offset = _log_exposure(exposure, X.shape[0])
+        if isinstance(self.fit_result_.model, MultiLatent):
+            # gpvi.streaming.update's assumed-density steps are single-latent; the softmax couples
+            # the class latents, so there is no per-latent online update yet.
+            raise NotImplementedError("partial_fit after a multiclass (softmax) fit is not supported yet: refit "
+                                      "with fit(), or use two classes")
         if self.model_kind_ == "full":
             # the full GP's posterior is that of a sparse GP with the training inputs as inducing inputs
             from .streaming import as_sparse
 
             self.fit_result_ = as_sparse(self.fit_result_)
             self.model_kind_ = "sparse"
-        X = self._validate_X(X, reset=False)
-        y = np.asarray(y)
-        if y.ndim != 1 or y.shape[0] != X.shape[0]:
-            raise ValueError(f"y must have one entry per row of X ({X.shape[0]}), got shape {y.shape}")
-        offset = _log_exposure(exposure, X.shape[0])
         Xs = (X - self.x_mean_) / self.x_scale_
         self.fit_result_ = update(self.fit_result_, Xs, self._encode_more(y), offset)
         return self
