@@ -40,6 +40,49 @@ def test_sums_match_dense_numpy(rng, d, blocks, cached):
     np.testing.assert_allclose(float(obj.vlb(gpvi.State(m, C))), E.sum() - kl, rtol=1e-12)
 
 
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_recomputed_sparse_gp_sums_in_raw_features_match_dense_numpy(rng, blocks):
+    # With the projections recomputed per pass, the sparse GP's sums are taken in the raw
+    # features K(Z, x) and mapped through L⁻¹ once (objective._raw_operator); against the
+    # dense computation with a_i = L⁻¹ K(Z, x_i) by a triangular solve, on inducing inputs
+    # close enough together that K(Z, Z) has a condition number ~1e8.  The rounding of the raw
+    # sums is magnified by up to cond(K(Z, Z))·ε on the way through L⁻¹ (measured here: VLB
+    # ~1e-10, S ~4e-9 relative, against ~1e-12 for the per-chunk projections); the tolerances
+    # below allow that and no more.
+    from scipy.linalg import cho_factor, solve_triangular
+    from scipy.special import gammaln
+
+    N, M = 257, 24
+    X = rng.uniform(-2, 2, (N, 2))
+    Z = np.concatenate([X[:12], X[:12] + 0.05 * rng.normal(size=(12, 2))])
+    y = rng.poisson(2.0, size=N)
+    k = gpvi.kernels.RBF(variance=0.8, lengthscale=1.3)
+    model = gpvi.SparseGP(k, L.Poisson(), inducing=Z, mean=0.3)
+    obj = gpvi.Objective(model, X, y, chunk_size=64, blocks=blocks, cache_bytes=0)
+    assert not obj.cached
+    m = rng.normal(size=M) * 0.3
+    B = rng.normal(size=(M, M)) / np.sqrt(M)
+    C = np.linalg.cholesky(0.4 * np.eye(M) + 0.1 * B @ B.T)
+    sums = obj.sums(gpvi.State(m, C))
+    Kzz, Kzx = np.asarray(k(Z, Z)), np.asarray(k(Z, X))
+    assert np.linalg.cond(Kzz) > 1e7
+    Lz = np.linalg.cholesky(Kzz + 1e-8 * np.mean(np.diag(Kzz)) * np.eye(M))  # the model's jitter
+    A = solve_triangular(Lz, Kzx, lower=True).T
+    V = C @ C.T
+    mi = A @ m + 0.3
+    vi = np.maximum(0.8 - np.sum(A * A, 1), 0) + np.einsum("ij,jk,ik->i", A, V, A)
+    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
+    lam = -np.exp(mi + vi / 2)
+    kl = 0.5 * (np.trace(V) + m @ m - M - np.linalg.slogdet(V)[1])
+    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-9)
+    np.testing.assert_allclose(float(obj.vlb(gpvi.State(m, C))), E.sum() - kl, rtol=1e-9)
+    g = A.T @ (y + lam) - m
+    np.testing.assert_allclose(np.asarray(sums.grad), g, rtol=0, atol=1e-7 * np.max(np.abs(g)))
+    S, S_ref = np.asarray(sums.S), (A * lam[:, None]).T @ A
+    np.testing.assert_allclose(S, S_ref, rtol=0, atol=1e-7 * np.max(np.abs(S_ref)))
+    np.testing.assert_allclose(S, S.T, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("N,chunk", [(1, 2048), (2048, 2048), (2049, 2048), (20000, 2048), (301, 128), (7, 1)])
 def test_chunks_are_balanced_and_keep_every_row(rng, N, chunk):
     from gpvi.objective import make_chunks

@@ -214,6 +214,22 @@ class Model(Module):
         """:meth:`project` for one of many chunks, from ``pcache = pass_cache(prior cache)``."""
         return self.project(pcache, Xc)
 
+    def raw_features(self, Xc):
+        """Optional: ``(F, b, k)`` such that :meth:`project_many` gives ``At = T F``,
+        ``c = max(k − Σ_rows At², 0)`` with ``T = pass_cache(prior cache)`` (d, d).
+
+        A model that defines it lets a pass that recomputes its projections work on ``F``
+        directly: ``T`` moves onto the state (``Tᵀ m``, ``Tᵀ(V − I)T``) before the pass and onto
+        the sums after it, so the per-chunk product with ``T`` is never formed (see
+        :func:`gpvi.objective._pass`).  The base class has none.
+        """
+        raise NotImplementedError
+
+
+def factored(model) -> bool:
+    """Whether ``model`` defines :meth:`Model.raw_features`."""
+    return type(model).raw_features is not Model.raw_features
+
 
 class GLM(Model):
     """Bayesian generalised linear model ``f_i = h_i·w``, ``w ~ N(0, prior_variance·I)``.
@@ -302,6 +318,10 @@ class SparseGP(Model):
         At = _lower_matmul(pcache, Kzx)
         c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+
+    def raw_features(self, Xc):
+        Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)
+        return Kzx, jnp.full(Xc.shape[0], self.mean, Xc.dtype), self.kernel.diag(Xc)
 
 
 class GP(Model):

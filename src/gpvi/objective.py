@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .models import GLM, Model, SparseGP, kl_standard_normal
+from .models import GLM, Model, SparseGP, factored, kl_standard_normal
 
 __all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]
 
@@ -273,6 +273,51 @@ def _marginals_stacked(blocks, b, c, off, W):
     return m + b + off, c + v
 
 
+def _raw_operator(state, T):
+    """``[Tᵀ m; Tᵀ(V − I)T]`` (d+1, d) for ``V = chol cholᵀ``: the state moved into the basis of
+    the raw features ``F`` of a factored model (``At = T F``, see
+    :meth:`gpvi.models.Model.raw_features`).  Its product with a chunk's ``F`` gives the latent
+    means (row 0) and, dotted column by column with ``F``, the variances less ``k``:
+    ``c + a_iᵀ V a_i = k_i − |a_i|² + a_iᵀ V a_i = k_i + f_iᵀ Tᵀ(V − I)T f_i``.
+
+    ``V − I`` is formed before the products, so its rounding error reaches a variance only as
+    ``a_iᵀ E a_i ≤ ε|a_i|² ≤ ε k_i``: the O(|T|²) entries of ``Tᵀ T`` are never subtracted."""
+    d = T.shape[0]
+    V = state.chol @ state.chol.T
+    D = T.T @ ((V - jnp.eye(d, dtype=V.dtype)) @ T)
+    return jnp.concatenate([(T.T @ state.mean)[None], 0.5 * (D + D.T)], axis=0)
+
+
+def split_gram(S, k: int) -> tuple:
+    """The lower row blocks of a symmetric (d, d) ``S`` in :func:`block_gram`'s order."""
+    e = block_edges(S.shape[0], k)
+    return tuple(S[e[i]:e[i + 1], e[j]:e[j + 1]] for i in range(k) for j in range(i + 1))
+
+
+def _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw):
+    """``(A, m, v)`` of one chunk: the rows its sums are taken over, in row blocks (the
+    projections, or the raw features ``F`` of a factored model when ``raw``), and the
+    latents' means and variances under q (``W`` from :func:`_stacked` or :func:`_raw_operator`)."""
+    if raw:
+        F, b, k = model.raw_features(ch.X)
+        Y = W @ F
+        return split_rows(F, blocks), Y[0] + b + ch.offset, jnp.maximum(k + jnp.sum(F * Y[1:], axis=0), 0.0)
+    A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
+    m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+    return A, m, v
+
+
+def _pass_setup(model, prior, state, cached):
+    """``(Q, raw, pcache, W)`` for a pass: whether the state holds several latents, whether the
+    chunks are summed in the raw features of a factored model (projections recomputed, one
+    latent), the per-pass cache and the state operator."""
+    Q = is_batched(state)  # several latents: per-latent blocks of the same sums (see per_latent)
+    raw = not cached and not Q and factored(model)
+    pcache = None if cached else model.pass_cache(prior)
+    W = _raw_operator(state, pcache) if raw else per_latent(_stacked, Q, state)
+    return Q, raw, pcache, W
+
+
 def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False):
     """The raw partial sums of one pass over ``chunks``: ``(Σ E_i, Σ ρ_i a_i, lower row blocks of
     Σ λ_i a_i a_iᵀ)`` (the last an empty tuple without ``want_hessian``).
@@ -280,18 +325,21 @@ def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
     Partial sums over disjoint sets of chunks add up (:func:`add_partials`) to the sums over
     their union; :func:`finish_sums` turns the total into :class:`Sums`.  This is the unit of
     work every executor of the data pass maps over the data (see :mod:`gpvi.executors`).
+
+    Where the projections are recomputed and the model is factored (``At = T F``, the sparse
+    GP with ``T = L⁻¹``), the pass never forms ``T F``: it sums ``Σ ρ_i f_i`` and
+    ``Σ λ_i f_i f_iᵀ`` and maps them through ``T`` once at the end, with the state mapped the
+    other way at the start (:func:`_raw_operator`).  That drops one of the three O(n·d²)
+    products per chunk (measured at M = 300, n = 2048: 1.25× the cached pass against 1.7×).
     """
     lik = model.likelihood
     d = state.mean.shape[-1]
-    Q = is_batched(state)  # several latents: per-latent blocks of the same sums (see per_latent)
-    W = per_latent(_stacked, Q, state)
-    pcache = None if cached else model.pass_cache(prior)
+    Q, raw, pcache, W = _pass_setup(model, prior, state, cached)
 
     def body(carry, xs):
         sE, g, S = carry
         ch, pr = xs
-        A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
-        m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+        A, m, v = _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw)
         E, rho, lam = latent_moments_of_rows(lik, ch.y, m, v, Q)
         keep = ch.mask > 0
         E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
@@ -310,8 +358,12 @@ def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
         if Q:
             zero_S = tuple(jnp.zeros((state.mean.shape[0],) + z.shape, z.dtype) for z in zero_S)
     init = (jnp.zeros(()), jnp.zeros(state.mean.shape), zero_S)
-    out, _ = jax.lax.scan(body, init, (chunks, proj))
-    return out
+    (sE, g, S), _ = jax.lax.scan(body, init, (chunks, proj))
+    if raw:  # back from the raw features: Σ ρ a = T Σ ρ f, Σ λ a aᵀ = T (Σ λ f fᵀ) Tᵀ
+        g = pcache @ g
+        if want_hessian:
+            S = split_gram(pcache @ assemble_gram(S, blocks) @ pcache.T, blocks)
+    return sE, g, S
 
 
 def finish_sums(partial_sums, state, blocks, want_hessian):
@@ -354,14 +406,11 @@ def _sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
 def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
     """``Σ E_i`` over ``chunks`` (no derivatives): the partial sum behind :meth:`Objective.vlb`."""
     lik = model.likelihood
-    Q = is_batched(state)
-    W = per_latent(_stacked, Q, state)
-    pcache = None if cached else model.pass_cache(prior)
+    Q, raw, pcache, W = _pass_setup(model, prior, state, cached)
 
     def body(sE, xs):
         ch, pr = xs
-        A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
-        m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+        _, m, v = _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw)
         E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
 
