@@ -4,6 +4,7 @@ Timings are not asserted here (tests never time things); only that the scripts w
 the properties that do not depend on machine load hold.
 """
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,21 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(script, tmp_path):
+def _env(share_cache=True):
+    """The environment of a benchmark process: with ``share_cache``, gpvi's persistent compilation
+    cache is the suite's own (conftest.py), so programs that the suite, an earlier benchmark or a
+    benchmark's own child processes compiled are loaded instead of compiled again."""
+    import jax
+
+    env = dict(os.environ)
+    if share_cache and jax.config.jax_compilation_cache_dir:
+        env["GPVI_COMPILATION_CACHE"] = str(jax.config.jax_compilation_cache_dir)
+    return env
+
+
+def _run(script, tmp_path, share_cache=True):
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--outdir", str(tmp_path)],
-                   check=True, capture_output=True, text=True, timeout=600)
+                   check=True, capture_output=True, text=True, timeout=600, env=_env(share_cache))
     name = script.removesuffix(".py")
     assert (tmp_path / f"{name}_quick.png").stat().st_size > 0
     return json.loads((tmp_path / f"{name}_quick.json").read_text())
@@ -42,7 +55,8 @@ def test_scale_large_benchmark_quick(tmp_path):
     """The issue-18 runs at smoke size: a Parquet fit in process and on a 2-worker LocalCluster
     give the same VLB, and the L⁻¹-product pass matches the triangular solve."""
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scale.py"), "--large", "--quick", "--outdir",
-                    str(tmp_path), "--tmpdir", str(tmp_path)], check=True, capture_output=True, text=True, timeout=600)
+                    str(tmp_path), "--tmpdir", str(tmp_path)], check=True, capture_output=True, text=True, timeout=600,
+                   env=_env())
     out = json.loads((tmp_path / "scale_large_quick.json").read_text())
     assert out["checks"]["dask_vlb_within_1e-10"] and out["checks"]["vlb_within_1e-8_of_triangular_solve"]
     assert out["runs"]["local"]["converged"] and out["runs"]["local"]["passes"] >= 2
@@ -128,7 +142,7 @@ def _run_curves(script, tmp_path):
     """``_run`` with a longer limit: these quick runs are dominated by JAX compilation (seven
     methods × three likelihoods × two sizes), which takes minutes on a busy 2-core machine."""
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", "--outdir", str(tmp_path)],
-                   check=True, capture_output=True, text=True, timeout=1800)
+                   check=True, capture_output=True, text=True, timeout=1800, env=_env())
     name = script.removesuffix(".py")
     assert (tmp_path / f"{name}_quick.png").stat().st_size > 0
     return json.loads((tmp_path / f"{name}_quick.json").read_text())
@@ -239,7 +253,7 @@ def test_izmailov2017_benchmark_quick(tmp_path):
 
 @pytest.mark.slow
 def test_everyday_benchmark_quick(tmp_path):
-    out = _run("everyday.py", tmp_path)
+    out = _run("everyday.py", tmp_path, share_cache=False)  # its first split must pay the compilation
     rows = {r["name"]: r for r in out["summary"]}
     assert set(rows) == {"breast_cancer", "diabetes"}
     assert rows["breast_cancer"]["gpvi_metric"] < 0.2  # error rate of the default classifier
