@@ -101,6 +101,9 @@ QUICK_ROWS = 300
 BUDGET = {"learning_curves": (10.0, 3.0), "hyperparameters": (20.0, 5.0)}
 # default (sizes, folds) of the full runs: learning every method's hyperparameters costs more
 DEFAULTS = {"learning_curves": ([25, 50, 100, 200], 3), "hyperparameters": ([25, 50, 100], 2)}
+# active-set sizes of the --quick smoke runs (one size for hyperparameters: each of its fits runs
+# the engine many times, and its smoke test checks structure, not the trend over sizes)
+QUICK_SIZES = {"learning_curves": [20, 40], "hyperparameters": [40]}
 
 
 def method_name(engine, kind):
@@ -115,7 +118,7 @@ def parse_args(argv=None, *, name="learning_curves", datasets=FULL_DATASETS, doc
     p.add_argument("--datasets", nargs="+", default=None, choices=sorted(DATASETS),
                    help=f"data sets (default: {' '.join(datasets)})")
     p.add_argument("--sizes", nargs="+", type=int, default=None,
-                   help=f"active-set sizes (default {' '.join(map(str, DEFAULTS[name][0]))}; quick 20 40)")
+                   help=f"active-set sizes (default {' '.join(map(str, DEFAULTS[name][0]))}; quick {' '.join(map(str, QUICK_SIZES[name]))})")
     p.add_argument("--folds", type=int, default=None,
                    help=f"cross-validation folds (default {DEFAULTS[name][1]}; quick 2)")
     p.add_argument("--methods", nargs="+", default=None, metavar="ENGINE:KIND",
@@ -140,7 +143,7 @@ def parse_args(argv=None, *, name="learning_curves", datasets=FULL_DATASETS, doc
     a = p.parse_args(argv)
     a.name = name
     a.datasets = a.datasets or list(QUICK_DATASETS if a.quick else datasets)
-    a.sizes = sorted(set(a.sizes or ([20, 40] if a.quick else DEFAULTS[name][0])))
+    a.sizes = sorted(set(a.sizes or (QUICK_SIZES[name] if a.quick else DEFAULTS[name][0])))
     a.folds = a.folds or (2 if a.quick else DEFAULTS[name][1])
     if a.folds < 2:
         p.error("--folds must be at least 2")
