@@ -25,6 +25,9 @@ imports Dask itself: a ``distributed.Client`` is recognised by duck typing.
 from __future__ import annotations
 
 import concurrent.futures
+import ctypes
+import os
+import sys
 from functools import partial
 
 import jax
@@ -234,7 +237,34 @@ def _dask_load(source, j, layout, likelihood):
     return load_block(source, j, layout, likelihood)
 
 
+_malloc_tuned = False
+
+
+def _tune_malloc():
+    """Undo, once per worker process, what ``MALLOC_TRIM_THRESHOLD_`` does to glibc's allocator.
+
+    dask's nanny starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``; setting it also freezes
+    glibc's mmap threshold at 128 KiB, so every XLA temporary above that (a chunk's features are
+    ~5 MB) is mapped and unmapped, page faults and all, on every call.  Measured on one 65 536-row
+    block (M = 300): 0.43 s in a worker against 0.17 s in the client process, 2.4× the CPU time.
+    Raising both thresholds with ``mallopt`` gives 0.17 s there too.  Linux/glibc only; elsewhere
+    (or without the variable) nothing is changed."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    if "MALLOC_TRIM_THRESHOLD_" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 * 2**20)  # M_MMAP_THRESHOLD: glibc's maximum on 64-bit
+        libc.mallopt(-1, 128 * 2**20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def _dask_partial(kind, chunks, args):
+    _tune_malloc()
     return _to_numpy(block_partial(kind, jax.tree_util.tree_map(jnp.asarray, chunks), jnp.zeros(()), *args))
 
 
