@@ -118,7 +118,8 @@ def parse_args(argv=None, *, name="learning_curves", datasets=FULL_DATASETS, doc
     p.add_argument("--datasets", nargs="+", default=None, choices=sorted(DATASETS),
                    help=f"data sets (default: {' '.join(datasets)})")
     p.add_argument("--sizes", nargs="+", type=int, default=None,
-                   help=f"active-set sizes (default {' '.join(map(str, DEFAULTS[name][0]))}; quick {' '.join(map(str, QUICK_SIZES[name]))})")
+                   help=f"active-set sizes (default {' '.join(map(str, DEFAULTS[name][0]))}; "
+                        f"quick {' '.join(map(str, QUICK_SIZES[name]))})")
     p.add_argument("--folds", type=int, default=None,
                    help=f"cross-validation folds (default {DEFAULTS[name][1]}; quick 2)")
     p.add_argument("--methods", nargs="+", default=None, metavar="ENGINE:KIND",
