@@ -182,8 +182,8 @@ def run_set(name, splits, quick, timeout, sklearn_budget):
         done = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("SPLIT ")]
         res = {"name": name, "task": SETS[name], "error": f"timed out after {timeout} s with {len(done)} split(s) done"}
         if done:
-            X, _ = _load(name, quick)
-            res.update(N=int(len(_)), D=int(X.shape[1]), splits=done, partial=True)
+            X, y = _load(name, quick)
+            res.update(N=int(len(y)), D=int(X.shape[1]), splits=done, partial=True)
         return res
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["?"])[-1]

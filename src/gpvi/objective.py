@@ -4,8 +4,9 @@ Everything an engine needs from the data is three sums over observations
 (DESIGN §1): ``Σ E_i`` (scalar), ``Σ ρ_i a_i`` (vector) and ``Σ λ_i a_i a_iᵀ`` (matrix).
 :class:`Objective` computes them with a ``lax.scan`` over fixed-size chunks of rows, so the
 working memory is O(chunk·d + d²) whatever N is.  When the projections ``a_i`` of all rows fit
-in ``cache_bytes`` they are computed once and kept, which saves the kernel evaluation and the
-triangular solve in every later pass; otherwise they are recomputed chunk by chunk.  Either way
+in ``cache_bytes`` they are computed once and kept, which saves the kernel evaluation in every
+later pass; otherwise they are recomputed chunk by chunk (for the sparse GP the pass then sums in
+the raw kernel features and maps the sums through L⁻¹ once, see :func:`_pass`).  Either way
 they are held in row blocks (see :func:`num_blocks`), so that the two O(n·d²) products of a pass
 skip the zero half of the triangular covariance factor and the upper half of the symmetric
 ``Σ λ_i a_i a_iᵀ``.
