@@ -216,7 +216,7 @@ def markdown(out, path):
     lines += ["", "| claim | ours | verdict |", "|---|---|---|"]
     lines += [f"| {c['claim']} | {c['ours']} | {c['verdict']} |" for c in out["claims"]]
     lines += ["", f"Machine: {out['environment'].get('cpu', '')}; load average at start "
-              f"{out['load_average_start']}, at end {out.get('load_average_end')} (shared with other jobs)."]
+              f"{out['load_average_start']}, at end {out.get('load_average_end')}."]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -230,6 +230,8 @@ def main(argv=None):
     ap.add_argument("--star-rounds", type=int, default=None, help="L-BFGS-B iterations of the VSGPR* batch fit")
     ap.add_argument("--ada-max-evals", type=int, default=iv.ADA_MAX_EVALS,
                     help="evaluation cap of iVSGPRada's subproblem (paper: 100)")
+    ap.add_argument("--ada-iters", type=int, default=None,
+                    help="iterations of iVSGPRada only (default: --iters); its rows say how many ran")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--outdir", default=None)
     args = ap.parse_args(argv)
@@ -252,7 +254,8 @@ def main(argv=None):
     model0, init_info = initialise(X, y, M, B, args.seed, 10 if quick else 100, log)
     out = {"settings": {"mode": "quick" if quick else "full", "M": M, "batch_size": B, "iterations": iters,
                         "train_rows": X.shape[0], "test_rows": Xt.shape[0], "seed": args.seed,
-                        "star_rounds": star_rounds, "methods": methods, "ada_max_evals": args.ada_max_evals},
+                        "star_rounds": star_rounds, "methods": methods, "ada_max_evals": args.ada_max_evals,
+                        "ada_iterations": args.ada_iters or iters},
            "protocol": __doc__.split("Rows:")[0].split("\n\n", 1)[1].strip(),
            "paper": PAPER, "init": init_info, "environment": C.environment(),
            "load_average_start": C.load_average(), "results": {}}
@@ -269,7 +272,8 @@ def main(argv=None):
                 "nmse_batch_optimum": nmse(star.model, star.state, Xt, yt)}
             log(f"  batch sparse GPR on all rows: {star.hyperparameter_rounds} rounds, VLB {star.vlb:.2f}, "
                 f"{time.perf_counter() - t:.0f} s")
-        res = run_method(name, model, X, y, Xt, yt, B, iters, args.seed, log, args.ada_max_evals)
+        n_it = args.ada_iters if (name == "iVSGPRada" and args.ada_iters) else iters
+        res = run_method(name, model, X, y, Xt, yt, B, n_it, args.seed, log, args.ada_max_evals)
         out["results"].setdefault(name, {}).update(res)
         log(f"  {name}: nMSE {res['nmse']:.4f} (paper {PAPER[name]}), {res['seconds']:.0f} s")
         C.write_json(json_path, out)  # partial results survive an interrupted run

@@ -291,3 +291,26 @@ def test_gradients_at_zero_distance_inside_scan(cls):
     g_scan, g_loop = grad(p, True), grad(p, False)
     assert np.all(np.isfinite(np.asarray(g_scan)))
     np.testing.assert_allclose(np.asarray(g_scan), np.asarray(g_loop), rtol=1e-10)
+
+
+def test_multiscale_cross_covariance_matches_eq17_far_from_origin_and_at_coincident_points():
+    """K_uf of the multiscale kernel (computed as two matrix products) against Eq. 17 summed
+    column by column in NumPy, with inputs offset far from the origin (where an uncentred
+    expansion of the squared distance would lose digits) and data rows equal to inducing rows."""
+    rng = np.random.default_rng(3)
+    D = 5
+    Z = 40.0 + 3.0 * rng.standard_normal((30, D))
+    X = 40.0 + 3.0 * rng.standard_normal((45, D))
+    X[:6] = Z[:6]
+    lz = np.exp(0.5 * rng.standard_normal((30, D)))
+    ls = np.exp(0.5 * rng.standard_normal(D))
+    s2 = lz[:, None, :] ** 2 + ls[None, None, :] ** 2
+    ref = 0.7 * np.prod(np.sqrt(2.0 * lz[:, None, :] * ls / s2), axis=2) \
+        * np.exp(-np.sum((Z[:, None, :] - X[None]) ** 2 / s2, axis=2))
+    k = K.MultiscaleRBF(variance=0.7, lengthscale=ls, inducing_lengthscale=lz)
+    got = np.asarray(k.inducing_cross(jnp.asarray(Z), jnp.asarray(X)))
+    np.testing.assert_allclose(got, ref, rtol=1e-11, atol=1e-300)
+    # with l_z = ℓ at a coincident point the value is exactly the variance (up to rounding)
+    same = K.MultiscaleRBF(variance=0.7, lengthscale=ls)
+    np.testing.assert_allclose(np.diag(np.asarray(same.inducing_cross(jnp.asarray(Z[:6]), jnp.asarray(X[:6])))),
+                               0.7, rtol=1e-13)

@@ -279,6 +279,8 @@ class MultiscaleRBF(RBF):
     def inducing_gram(self, Z1, l1, Z2, l2):
         """``ψᵀψ'`` (M1, M2) of Eq. 17 without the variance, for inputs ``Z1`` (M1, D),
         ``Z2`` (M2, D) and their lengthscales ``l1`` (M1, D), ``l2`` (M2, D) or (D,)."""
+        if jnp.ndim(l2) == 1 and jnp.ndim(l1) == 2:
+            return _multiscale_cross(Z1, l1, Z2, l2)
         l1 = jnp.broadcast_to(l1, Z1.shape)
         l2 = jnp.broadcast_to(l2, Z2.shape)
         log_pre, expo = 0.0, 0.0
@@ -298,3 +300,22 @@ class MultiscaleRBF(RBF):
         Z, X = _as_2d(Z), _as_2d(X)
         lz, ls = self._inducing_l(Z)
         return self.variance * self.inducing_gram(Z, lz, X, ls)
+
+
+def _multiscale_cross(Z, lz, X, ls):
+    """:meth:`MultiscaleRBF.inducing_gram` of inducing functions ``Z`` (M, D) with lengthscales
+    ``lz`` (M, D) against data inputs ``X`` (n, D) sharing one lengthscale vector ``ls`` (D,).
+
+    ``s²_md = lz_md² + ls_d²`` depends on the inducing row only, so the exponent
+    ``Σ_d (z_md − x_nd)² / s²_md`` expands into two (M, D)·(D, n) products; the gradient with
+    respect to Z, lz and ls is then products too (the column-by-column form's gradient
+    materialises D (M, n) arrays: ~30× the forward time at M = 512, n = 2048, D = 8).  Inputs are
+    centred on the data's mean first, which keeps the expansion's rounding at ~ε times the
+    squared scaled distances of the data; the exponent is clipped at 0 from below.
+    """
+    c = jnp.mean(X, axis=0)
+    Zc, Xc = Z - c, X - c
+    w = 1.0 / (lz * lz + ls * ls)  # (M, D)
+    log_pre = 0.5 * jnp.sum(jnp.log(2.0 * lz * ls) + jnp.log(w), axis=1)  # (M,)
+    expo = (jnp.sum(Zc * Zc * w, axis=1)[:, None] - 2.0 * (Zc * w) @ Xc.T + w @ (Xc * Xc).T)
+    return jnp.exp(log_pre[:, None] - jnp.maximum(expo, 0.0))

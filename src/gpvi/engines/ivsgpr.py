@@ -113,14 +113,18 @@ class _Prev(NamedTuple):
     mean: jax.Array  # (M,)
     chol: jax.Array  # (M, M) lower, V_t = chol cholᵀ
     Pt: jax.Array  # (M, M) chol⁻¹ (so V_t⁻¹ = Ptᵀ Pt)
+    LGi: jax.Array  # (M, M) LG⁻¹
+    PtLGi: jax.Array  # (M, M) Pt LG⁻¹
 
 
 @jax.jit
 def _prev(model, state: State) -> _Prev:
     Z = jnp.asarray(model.inducing)
     LG, added, lz = _gram_chol(model)
-    Pt = solve_triangular(state.chol, jnp.eye(Z.shape[0], dtype=Z.dtype), lower=True)
-    return _Prev(Z, lz, LG, added, state.mean, state.chol, Pt)
+    eye = jnp.eye(Z.shape[0], dtype=Z.dtype)
+    Pt = solve_triangular(state.chol, eye, lower=True)
+    LGi = solve_triangular(LG, eye, lower=True)
+    return _Prev(Z, lz, LG, added, state.mean, state.chol, Pt, LGi, Pt @ LGi)
 
 
 def _gram_chol(model):
@@ -142,16 +146,20 @@ def _natural(model, prev: _Prev, batch, scale, gamma):
     M = Z.shape[0]
     eye = jnp.eye(M, dtype=Z.dtype)
     LG, added, lz = _gram_chol(model)
-    At, b, c = model.project(jnp.sqrt(kern.variance) * LG, Xb)
+    # L⁻¹ of the model's factor L = √s²·LG once, so the projections and the cross-basis map
+    # below are matrix products (XLA:CPU's triangular solves and their gradients cost several
+    # times a product of the same size at M = 512).
+    Ti = model.pass_cache(jnp.sqrt(kern.variance) * LG)
+    At, b, c = model.project_many(Ti, Xb)
     At, c = At * mask, c * mask  # padding rows drop out of every sum
     # C = Ψ̄_tᵀ Ψ̄' : old whitened basis against the new one (variance-free, so θ-independent).
     # The jitter j·I of each Gram is a white component of each inducing function that stays
     # with its index as the function moves (ψ̃_i = ψ_i + √j e_i), so it adds √(j_t j')·I to the
     # cross-Gram: C is exactly I when nothing moved, and continuous in Z' and l'.
     Gx = kern.inducing_gram(prev.Z, prev.lz, Z, lz) + jnp.sqrt(prev.jitter * added) * eye
-    C = solve_triangular(prev.LG, Gx, lower=True)
-    C = solve_triangular(LG, C.T, lower=True).T
-    W = prev.Pt @ C  # chol_t⁻¹ C, so Cᵀ V_t⁻¹ C = WᵀW
+    G2 = Gx @ (jnp.sqrt(kern.variance) * Ti).T  # Gx LG⁻ᵀ
+    C = prev.LGi @ G2
+    W = prev.PtLGi @ G2  # chol_t⁻¹ C, so Cᵀ V_t⁻¹ C = WᵀW
     r = (yb - b - ob) * mask
     w = scale / lik.variance
     Lam = gamma * (eye + w * (At @ At.T)) + (1.0 - gamma) * (eye - C.T @ C + W.T @ W)
