@@ -28,6 +28,7 @@ CASES = {
     "sum-of-products": K.RBF(lengthscale=ARD) * K.Matern12(variance=0.4) + K.Constant(variance=0.3),
     # k(X1, X2) of the multiscale kernel is SE-ARD; its inducing forms are tested in test_ivsgpr.py
     "multiscale-rbf": K.MultiscaleRBF(variance=0.8, lengthscale=ARD),
+    "rbf+white": K.RBF(variance=1.3, lengthscale=0.7) + K.White(variance=0.2),
 }
 IDS = list(CASES)
 
@@ -69,6 +70,8 @@ def ref_matrix(k, X1, X2):
         return s2 * np.einsum("id,jd->ij", X1, X2)
     if isinstance(k, K.Constant):
         return np.full((X1.shape[0], X2.shape[0]), s2)
+    if isinstance(k, K.White):  # s² where every column is equal
+        return s2 * np.all(X1[:, None, :] == X2[None, :, :], axis=-1)
     ls = np.asarray(k.lengthscale, float)
     diff = (X1[:, None, :] - X2[None, :, :]) / ls
     r = np.sqrt(np.sum(diff**2, axis=-1))
@@ -89,7 +92,7 @@ def test_every_kernel_class_is_covered():
         walk(k)
     missing = sorted(c.__name__ for c in classes - covered)
     assert not missing, f"kernel classes without a test instance: {missing}"
-    for cls in classes - {K.Sum, K.Product, K.Linear, K.Constant}:
+    for cls in classes - {K.Sum, K.Product, K.Linear, K.Constant, K.White}:
         assert cls in PROFILES, f"no textbook profile for {cls.__name__}"
 
 
@@ -314,3 +317,29 @@ def test_multiscale_cross_covariance_matches_eq17_far_from_origin_and_at_coincid
     same = K.MultiscaleRBF(variance=0.7, lengthscale=ls)
     np.testing.assert_allclose(np.diag(np.asarray(same.inducing_cross(jnp.asarray(Z[:6]), jnp.asarray(X[:6])))),
                                0.7, rtol=1e-13)
+
+
+def test_white_noise_term_in_a_sparse_gp_adds_to_k_uu_and_the_conditional_variances_only():
+    """SE + White in a sparse GP against the same model built by hand in NumPy: K_uu gains s² I,
+    K_uf is the SE part alone (even where an inducing input equals a data row) and each c_i
+    gains s²; a full GP's K(X, X) gains s² on the diagonal and on exact duplicate rows."""
+    from gpvi.likelihoods import Bernoulli
+    from gpvi.models import GP, SparseGP
+
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(12, D))
+    Z = np.vstack([X[:2], rng.normal(size=(3, D))])  # two inducing inputs on data rows
+    se, s2 = K.RBF(variance=1.3, lengthscale=0.7), 0.25
+    model = SparseGP(se + K.White(variance=s2), Bernoulli(), inducing=Z)
+    Kuu = ref_matrix(se, Z, Z) + s2 * np.eye(5)
+    L = np.linalg.cholesky(Kuu + model.jitter * np.trace(Kuu) / 5 * np.eye(5))
+    At, _, c = model.project(model.prior_cache(X), jnp.asarray(X))
+    A_ref = np.linalg.solve(L, ref_matrix(se, Z, X))
+    np.testing.assert_allclose(np.asarray(At), A_ref, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(c), 1.3 + s2 - np.sum(A_ref**2, 0), rtol=1e-6, atol=1e-8)
+    Xd = np.vstack([X, X[:1]])
+    np.testing.assert_allclose(np.asarray((se + K.White(variance=s2))(Xd)),
+                               ref_matrix(se, Xd, Xd) + s2 * np.all(Xd[:, None] == Xd[None], -1), rtol=1e-12)
+    full = GP(se + K.White(variance=s2), Bernoulli())
+    _, Lf, _ = full.prior_cache(jnp.asarray(X))
+    np.testing.assert_allclose(np.asarray(Lf @ Lf.T), ref_matrix(se, X, X) + s2 * np.eye(12), rtol=1e-7, atol=1e-7)

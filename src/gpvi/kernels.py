@@ -19,8 +19,8 @@ import numpy as np
 from ._module import Module, is_tracer, param
 
 __all__ = [
-    "Kernel", "RBF", "Matern12", "Matern32", "Matern52", "Linear", "Constant", "Sum", "Product",
-    "MultiscaleRBF",
+    "Kernel", "RBF", "Matern12", "Matern32", "Matern52", "Linear", "Constant", "White", "Sum",
+    "Product", "MultiscaleRBF",
 ]
 
 
@@ -190,6 +190,38 @@ class Constant(Kernel):
         return jnp.full(X.shape[0], self.variance, dtype=X.dtype)
 
 
+class White(Kernel):
+    """White noise ``s² δ(x = x')``: independent Gaussian noise on each latent value.
+
+    Added to another kernel (``RBF() + White(0.01)``) it is the "Gaussian noise term" of the
+    latent function used by e.g. Izmailov & Kropotov (2017, §5.1) for classification.  Two inputs
+    are the same point when all their columns are equal, the convention a full
+    :class:`~gpvi.models.GP` already uses for its jitter.  In a sparse GP the inducing variables
+    carry their own noise (``K_uu`` gains ``s² I``) and share none with the data
+    (``K_uf`` gains nothing, even where an inducing input equals a data row), as in GPflow; each
+    data point's noise then enters its conditional variance ``c_i`` through :meth:`diag`.
+    """
+
+    variance: object = param("positive", 1.0, shape="scalar")
+
+    def _K(self, X1, X2):
+        same = jnp.ones((X1.shape[0], X2.shape[0]), bool)
+        for k in range(X1.shape[1]):  # a loop over input columns, not data points
+            same = same & (X1[:, k, None] == X2[None, :, k])
+        return jnp.where(same, self.variance, 0.0).astype(X1.dtype)
+
+    def _diag(self, X):
+        return jnp.full(X.shape[0], self.variance, dtype=X.dtype)
+
+    def inducing_cov(self, Z):
+        Z = _as_2d(Z)
+        return self.variance * jnp.eye(Z.shape[0], dtype=Z.dtype)
+
+    def inducing_cross(self, Z, X):
+        Z, X = _as_2d(Z), _as_2d(X)
+        return jnp.zeros((Z.shape[0], X.shape[0]), Z.dtype)
+
+
 def _check_kernels(owner, name, val):
     """A non-empty tuple of kernels (a list is turned into a tuple)."""
     if isinstance(val, list):
@@ -209,6 +241,13 @@ class Sum(Kernel):
 
     def _diag(self, X):
         return sum(k._diag(X) for k in self.kernels)
+
+    # each term keeps its own form of the inducing variables' covariances (White, MultiscaleRBF)
+    def inducing_cov(self, Z):
+        return sum(k.inducing_cov(Z) for k in self.kernels)
+
+    def inducing_cross(self, Z, X):
+        return sum(k.inducing_cross(Z, X) for k in self.kernels)
 
     def __add__(self, other):
         return Sum(kernels=self.kernels + (other,))
