@@ -441,6 +441,83 @@ def _expected(model, prior, chunks, proj, state, cached, blocks):
     return _expected_pass(model, prior, chunks, proj, state, cached, blocks) - kl_state(state)
 
 
+def row_mean_hessians(lik, y, m, v):
+    """``∂²E_i/∂m_i∂m_iᵀ`` (n, Q, Q) of a likelihood with Q latents per row, at rows ``m, v``
+    (n, Q).  ``E_i`` depends on row i alone, so the Hessian of ``Σ_i E_i`` is block diagonal and
+    Q forward-over-reverse products give every row's block at once (exact for any
+    ``expected_log_prob`` written over a chunk, Monte Carlo with common random numbers included).
+    """
+    grad = jax.grad(lambda mm: jnp.sum(lik.expected_log_prob(y, mm, v)))
+    cols = [jax.jvp(grad, (m,), (jnp.zeros_like(m).at[:, q].set(1.0),))[1] for q in range(m.shape[1])]
+    return jnp.stack(cols, axis=-1)
+
+
+@partial(jax.jit, static_argnames=("max_iter",))
+def _coupled_direction(model, chunks, proj, state, grad, RH, max_iter=200, rtol=1e-10):
+    """The Newton direction ``d = Ĥ⁻¹ g`` of the VLB in the means of all Q latent blocks at once.
+
+    With Q latents per row the negative Hessian of the VLB in the means is
+    ``Ĥ = I − Σ_i A_i h_i A_iᵀ``, ``h_i = ∂²E_i/∂m_i∂m_iᵀ`` (Q, Q) and ``A_i`` the block-diagonal
+    map from the Q weight blocks to row i's latents: the factorised q keeps the covariances per
+    latent, but the likelihood couples the means (softmax: ``h_i = −E[diag p − p pᵀ]``, whose
+    off-diagonal terms the per-latent step ``H_q⁻¹ g_q`` ignores; near the shift ``f → f + c·1``
+    that softmax cannot see, that step then converges slowly).  Solved by conjugate gradients
+    preconditioned with the per-latent factors ``RH`` (:func:`gpvi.engines._common.precision_chol`,
+    which the covariance step factorises anyway), from the per-latent step; each iteration is
+    one product with the cached projections, O(N·d·Q).  Stops at relative residual ``rtol`` (in
+    the preconditioner's norm), after ``max_iter`` iterations, or where a direction shows no
+    positive curvature (a likelihood that is not log-concave far from the optimum), returning
+    the best iterate so far — the engine's safeguard handles an inexact direction.
+    """
+    lik = model.likelihood
+    W = per_latent(_stacked, True, state)
+
+    def curvature(xs):
+        ch, (A, b, c) = xs
+        m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), True, A, b, c, W)
+        h = row_mean_hessians(lik, ch.y, m.T, v.T)
+        return jnp.where((ch.mask > 0)[:, None, None], h, 0.0)
+
+    rows_h = jax.lax.map(curvature, (chunks, proj))
+
+    def apply(U):
+        def body(acc, xs):
+            (A, _, _), h = xs
+            F = per_latent(block_vecmat, True, U, A)  # (Q, n): a_iqᵀ u_q
+            G = jnp.einsum("nqk,kn->qn", h, F)
+            return acc + per_latent(block_matvec, True, A, G), None
+
+        S, _ = jax.lax.scan(body, jnp.zeros_like(U), (proj, rows_h))
+        return U - S
+
+    def precond(R):
+        return jax.vmap(lambda f, r: jax.scipy.linalg.cho_solve((f, True), r[::-1])[::-1])(RH, R)
+
+    x = precond(grad)
+    r = grad - apply(x)
+    z = precond(r)
+    rz = jnp.vdot(r, z)
+    stop = (rtol ** 2) * jnp.vdot(grad, precond(grad))
+
+    def cond(c):
+        it, _, _, _, rz, ok = c
+        return (it < max_iter) & (rz > stop) & ok
+
+    def body(c):
+        it, x, r, p, rz, _ = c
+        Ap = apply(p)
+        pAp = jnp.vdot(p, Ap)
+        ok = pAp > 0.0
+        a = jnp.where(ok, rz / jnp.where(ok, pAp, 1.0), 0.0)
+        x, r = x + a * p, r - a * Ap
+        z = precond(r)
+        rz_new = jnp.vdot(r, z)
+        return it + 1, x, r, z + (rz_new / rz) * p, rz_new, ok
+
+    _, x, _, _, _, _ = jax.lax.while_loop(cond, body, (0, x, r, z, rz, jnp.asarray(True)))
+    return x
+
+
 def _all_finite(tree):
     return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
@@ -506,6 +583,15 @@ class Objective:
         self.prior, self._prior_finite, self.proj = _setup(model, prior_inputs(model, self.X, self.chunks),
                                                            self.chunks.X, self.cached, self.blocks)
         self.num_evaluations = 0
+        # Q latents that the likelihood couples: the mean steps use the joint Newton direction
+        # (:meth:`newton_direction`) when the projections are in memory (each CG iteration is a
+        # product with them); set False to take the per-latent steps instead.
+        self.coupled = bool(self.num_latents and getattr(model.likelihood, "num_latents", 1) > 1 and self.cached)
+
+    def newton_direction(self, state: State, grad, RH):
+        """The joint Newton direction of the means of all latent blocks (see
+        :func:`_coupled_direction`); ``RH`` holds the per-latent precision factors."""
+        return _coupled_direction(self.model, self.chunks, self.proj, state, grad, RH)
 
     # -- the three sums ------------------------------------------------------------------
     def sums(self, state: State, want_hessian: bool = True, clip_gamma: bool = False) -> Sums:

@@ -81,13 +81,19 @@ def gap_threshold(vlb: float, tol: float, tol_nats: float | None = None) -> floa
     return GAP_FRACTION * tol * max(1.0, abs(float(vlb)))
 
 
-def _gap_from_factor(state: State, grad, RH):
-    """See :func:`estimated_gap`; ``RH`` is the reversed Cholesky factor of ``H = I − S``."""
+def _gap_from_factor(state: State, grad, RH, direction=None):
+    """See :func:`estimated_gap`; ``RH`` is the reversed Cholesky factor of ``H = I − S``.
+    With ``direction`` (the joint Newton direction of coupled latents, see
+    :meth:`gpvi.objective.Objective.newton_direction`) the mean's share is ``½ gᵀ d``."""
     d = grad.shape[0]
-    z = solve_triangular(RH, grad[::-1], lower=True)  # RH⁻¹ J g, so zᵀz = gᵀ H⁻¹ g
+    if direction is None:
+        z = solve_triangular(RH, grad[::-1], lower=True)  # RH⁻¹ J g, so zᵀz = gᵀ H⁻¹ g
+        mean_part = z @ z
+    else:
+        mean_part = grad @ direction
     B = RH.T @ state.chol[::-1]  # tr(H V) = ‖RHᵀ J L‖²_F
     logdet_HV = 2.0 * (jnp.sum(jnp.log(jnp.diag(RH))) + jnp.sum(jnp.log(jnp.abs(jnp.diag(state.chol)))))
-    gap = 0.5 * (z @ z) + 0.5 * (jnp.sum(B * B) - logdet_HV - d)
+    gap = 0.5 * mean_part + 0.5 * (jnp.sum(B * B) - logdet_HV - d)
     # tr(HV) − log det(HV) − d ≥ 0 exactly; rounding can leave −1e-13·d.  Not finite (H not
     # positive definite: far from the optimum of a likelihood that is not log-concave): +inf.
     return jnp.where(jnp.isfinite(gap), jnp.maximum(gap, 0.0), jnp.inf)
@@ -132,6 +138,14 @@ def final_gap(objective, state: State) -> float:
     """:func:`estimated_gap` at ``state`` with a fresh pass over the data (for engines that do
     not form ``I − S`` in their iterations)."""
     sums = objective.sums(state)
+    return objective_gap(objective, state, sums)
+
+
+def objective_gap(objective, state: State, sums) -> float:
+    """:func:`estimated_gap` at ``state`` from its sums, with the joint Newton direction where the
+    objective's latent blocks are coupled."""
+    if getattr(objective, "coupled", False):
+        return coupled_target(objective, state, sums.grad, sums.S)[2]
     return float(estimated_gap(state, sums.grad, sums.S)[0])
 
 
@@ -183,7 +197,7 @@ def precision_chol(S):
 
 
 @partial(jax.jit, static_argnames=("update_mean", "update_cov"))
-def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=True):
+def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=True, direction=None):
     """One natural-gradient step of size ``alpha`` on ``q(w) = N(m, V)``.
 
     With ``H = I − Σλ_i a_i a_iᵀ`` given by its reversed Cholesky factor ``RH``
@@ -193,13 +207,16 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     Eq. 8; DESIGN §2), the FPi step.  The flags restrict the step to the mean (Newton with
     V fixed) or to the covariance (FP with m fixed).  With Q latent blocks (mean (Q, d)) the
     step is taken in every block, with one step size: the VLB is one sum over all blocks.
+    With ``direction`` (the joint Newton direction of coupled latent blocks) the mean moves to
+    ``m + α d`` instead.
     """
     if grad.ndim == 2:
-        return jax.vmap(lambda s_, g_, r_: _natural_step(s_, g_, r_, alpha, update_mean, update_cov))(state, grad, RH)
-    return _natural_step(state, grad, RH, alpha, update_mean, update_cov)
+        return jax.vmap(lambda s_, g_, r_, d_: _natural_step(s_, g_, r_, alpha, update_mean, update_cov, d_))(
+            state, grad, RH, direction)
+    return _natural_step(state, grad, RH, alpha, update_mean, update_cov, direction)
 
 
-def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov):
+def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direction=None):
     if update_cov:
         def damped():
             # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H.
@@ -210,7 +227,12 @@ def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov):
     else:
         R = RH
     # Λ'⁻¹ g = J (R Rᵀ)⁻¹ J g
-    mean = state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1] if update_mean else state.mean
+    if not update_mean:
+        mean = state.mean
+    elif direction is not None:
+        mean = state.mean + alpha * direction
+    else:
+        mean = state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1]
     if update_cov:
         # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
         chol = _flip(tri_inv(R).T)
@@ -231,6 +253,24 @@ def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=T
     else:
         gap = _gap_from_factor(state, grad, RH)
     return RH, natural_step(state, grad, RH, alpha, update_mean, update_cov), gap
+
+
+@jax.jit
+def _coupled_gap(state: State, grad, RH, direction):
+    """:func:`estimated_gap` of Q coupled latent blocks with the joint Newton ``direction``."""
+    return jnp.sum(jax.vmap(_gap_from_factor)(state, grad, RH, direction))
+
+
+def coupled_target(objective, state: State, grad, S):
+    """``(RH, d, gap)`` for an objective whose latent blocks the likelihood couples
+    (``objective.coupled``): the per-latent precision factors, the joint Newton direction of the
+    means and the estimated gap with the mean's share ``½ gᵀ d``.  ``d`` is ``None`` (and the gap
+    ``inf``) when some ``I − S_q`` is not positive definite."""
+    RH = precision_chol(S)
+    if not _finite(RH):
+        return RH, None, float("inf")
+    d = objective.newton_direction(state, grad, RH)
+    return RH, d, float(_coupled_gap(state, grad, RH, d))
 
 
 @jax.jit
@@ -276,6 +316,7 @@ class SafeguardedAscent:
         self.clipped = 0
         self._history: list[State] = []
         self.gap = float("inf")  # estimated gap at the state of the last step() call
+        self.direction = None  # joint Newton direction of coupled latents at that state (or None)
         self.certified = False  # the last step() stopped because that gap was small enough
 
     def _target(self, state: State, sums: Sums, alpha, update_mean, update_cov):
@@ -286,8 +327,14 @@ class SafeguardedAscent:
             self.clipped += 1
             self.gap = float(estimated_gap(state, sums.grad, sums.S)[0])
             return precision_chol(self.objective.sums(state, clip_gamma=True).S), None
-        RH, prop, gap = target_and_step(state, sums.grad, sums.S, alpha, update_mean, update_cov)
-        self.gap = float(gap)
+        self.direction = None
+        if update_mean and getattr(self.objective, "coupled", False):
+            RH, d, gap = coupled_target(self.objective, state, sums.grad, sums.S)
+            self.gap, self.direction = gap, d
+            prop = None if d is None else natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, d)
+        else:
+            RH, prop, gap = target_and_step(state, sums.grad, sums.S, alpha, update_mean, update_cov)
+            self.gap = float(gap)
         if not _finite(RH):
             # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not
             # log-concave, e.g. Student-t, far from the optimum).  Use γ clipped at 0
@@ -299,7 +346,7 @@ class SafeguardedAscent:
 
     def _try(self, state, sums, RH, alpha, update_mean, update_cov, prop=None):
         if prop is None:
-            prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov)
+            prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, self.direction)
         new = self.objective.sums(prop)
         v = float(new.vlb)
         slack = 1e-13 * max(1.0, abs(float(sums.vlb)))

@@ -22,7 +22,7 @@ from collections import deque
 import numpy as np
 
 from ..objective import Objective, State
-from ._common import Clock, EngineResult, SafeguardedAscent, estimated_gap, gap_threshold, stalled_message
+from ._common import Clock, EngineResult, SafeguardedAscent, gap_threshold, objective_gap, stalled_message
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
@@ -78,14 +78,14 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         clock.tick(sums.vlb, it)
         if damped_run >= STALL_WINDOW:
             gain = float(sums.vlb) - window[0]
-            gap = float(estimated_gap(state, sums.grad, sums.S)[0])
+            gap = objective_gap(objective, state, sums)
             if gain < 0.5 * gap:
                 message = _stall_message(gain, gap, sums)
                 extras["stalled"] = True
                 break
     else:
         # max_iter steps taken: the gap at the final state comes from one more factorisation
-        gap = float(estimated_gap(state, sums.grad, sums.S)[0])
+        gap = objective_gap(objective, state, sums)
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,
                         guard.backtracks + cov_guard.backtracks, guard.cycles + cov_guard.cycles,
                         objective.num_evaluations, guard.clipped + cov_guard.clipped, extras, gap)
