@@ -25,9 +25,11 @@ Rows:
 SARCOS (training split) and KUKA are not available in ../shared/data (only SARCOS's test split
 is), so those rows of Table 1 are not reproduced.
 
-``--iters`` (paper: 500) sets the iterations; on a shared 2-core CPU the full protocol takes hours
-(one iVSGPR10 iteration at M = 512 is ~10 function evaluations of ~1.6 s), so the JSON records the
-iterations actually run and the measured seconds per iteration of every method.
+``--iters`` (paper: 500) sets the iterations; on an idle 2-core CPU the full protocol takes about
+75 min with iVSGPRada capped at 30 evaluations (``--ada-max-evals``; one subproblem evaluation with
+its gradient at M = 512, B = 2048, D = 8 takes ~0.26 s, so iVSGPR10 is ~2 s per iteration and
+iVSGPRada at the cap ~6 s).  The JSON records the iterations actually run and the measured
+seconds per iteration of every method (``--ada-iters`` shortens iVSGPRada alone).
 ``--quick``: M = 32, B = 256, 15 iterations, 3 000 training / 3 000 test rows (about a minute).
 Writes ``results/cheng2016[_quick].{json,png,md}``.
 """

@@ -82,3 +82,70 @@ def test_fit_posterior_option():
         gpvi.fit(GP(kernels.RBF(), L.Gaussian()), X, y, posterior="mixture")
     with pytest.raises(ValueError, match="components"):
         gpvi.fit(GP(kernels.RBF(), L.Gaussian()), X, y, posterior="mog", components=0)
+
+
+def _three_class(n, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-3, 3, (n, 1))
+    F = 2.0 * np.stack([np.sin(X[:, 0]), np.cos(X[:, 0]), 0.3 * X[:, 0]], 1)
+    P = np.exp(F) / np.exp(F).sum(1, keepdims=True)
+    return X, np.array([rng.choice(3, p=p) for p in P]).astype(float)
+
+
+def test_mix_with_several_latents_softmax():
+    """MIX/MIX2 over a MultiLatent of Q = 3 full GPs (softmax, the paper's USPS setting).
+
+    With K = 1 the MoG bound at any (means, variances) equals gpvi's Gaussian VLB of the same q
+    written as a whitened State (``w_q = L_q⁻¹(f_q − μ_q)``, ``chol = L_q⁻¹ diag √s_q``): two
+    separate code paths.  MIX's optimum is then a special case of FULL's, so it is at most FULL's
+    optimum; with Q = 1 the MultiLatent path gives the single-GP bound; predictions are
+    probabilities."""
+    import gpvi
+    from gpvi import Objective
+    from gpvi.mog import _bound
+    from gpvi.multilatent import MultiLatent
+    from gpvi.objective import State
+    from gpvi.softmax import Softmax
+
+    X, y = _three_class(30)
+    model = MultiLatent.full([kernels.RBF(lengthscale=0.5), kernels.RBF(lengthscale=0.8),
+                              kernels.RBF(variance=2.0, lengthscale=0.6)], Softmax(num_classes=3),
+                             mean=[0.0, 0.2, -0.1])
+    rng = np.random.default_rng(5)
+    u = 0.5 * rng.standard_normal((1, 3, 30))
+    logvar = np.log(rng.uniform(0.05, 0.5, (1, 3, 30)))
+    bound, means = _bound(jnp.asarray(u), jnp.asarray(logvar), model, jnp.asarray(X), jnp.asarray(y), 1)
+    obj = Objective(model, X, y)
+    Ls = [np.linalg.cholesky(np.asarray(lat.kernel(jnp.asarray(X))) + lat.jitter * np.mean(np.diag(
+        np.asarray(lat.kernel(jnp.asarray(X))))) * np.eye(30)) for lat in model.latents]
+    mean_w = np.stack([np.linalg.solve(Ls[q], np.asarray(means[0, q]) - model.latents[q].mean) for q in range(3)])
+    chol_w = np.stack([np.linalg.solve(Ls[q], np.diag(np.exp(0.5 * logvar[0, q]))) for q in range(3)])
+    vlb = float(obj.vlb(State(jnp.asarray(mean_w), jnp.asarray(np.tril(chol_w)))))
+    assert abs(float(bound) - vlb) < 1e-7 * abs(vlb), (float(bound), vlb)
+
+    full = gpvi.fit(model, X, y, engine="fpi", tol=1e-10)
+    mix = fit_mog(model, X, y, components=1)
+    assert mix.means.shape == (1, 3, 30) and mix.variances.shape == (1, 3, 30)
+    assert float(bound) <= mix.vlb <= full.vlb + 1e-6, (float(bound), mix.vlb, full.vlb)
+    m_mix, v_mix = mix.predict_f(X)
+    assert m_mix.shape == (1, 30, 3) and np.all(v_mix > 0)
+    mix2 = fit_mog(model, X, y, components=2)
+    p = mix2.predict_proba(X)
+    assert p.shape == (30, 3) and np.allclose(p.sum(1), 1.0) and (p.argmax(1) == y).mean() > 0.5
+    assert np.all(np.isfinite(mix2.log_predictive_density(X, y)))
+    # Q = 1 through MultiLatent equals the single GP
+    yb = (y == 0).astype(float)
+    single = fit_mog(GP(kernels.RBF(), L.Bernoulli()), X, yb, components=2)
+    multi = fit_mog(MultiLatent.full([kernels.RBF()], L.Bernoulli()), X, yb, components=2)
+    assert abs(single.vlb - multi.vlb) < 1e-8 * abs(single.vlb)
+    np.testing.assert_allclose(multi.means, single.means, atol=1e-6)  # (K, N) for one latent either way
+
+
+def test_mog_refuses_sparse_latents():
+    from gpvi.multilatent import MultiLatent
+    from gpvi.softmax import Softmax
+
+    X, y = _three_class(12)
+    model = MultiLatent.sparse([kernels.RBF()] * 3, Softmax(num_classes=3), inducing=X[:4])
+    with pytest.raises(ValueError, match="full GPs"):
+        fit_mog(model, X, y, components=2)

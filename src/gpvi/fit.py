@@ -306,7 +306,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
 
     posterior : ``"gaussian"`` (default; the paper's FULL) or ``"mog"``: a mixture of
         ``components`` diagonal Gaussians (Nguyen & Bonilla 2014: MIX, MIX2 = 2 components) over
-        a full GP's latents, fitted by L-BFGS (:func:`gpvi.mog.fit_mog`, which returns a
+        a full GP's latents (or all latents of a ``MultiLatent`` of full GPs), fitted by L-BFGS (:func:`gpvi.mog.fit_mog`, which returns a
         :class:`gpvi.mog.MoGResult`; the engine options do not apply).
 
     Returns

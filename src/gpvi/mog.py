@@ -1,4 +1,5 @@
-"""Mixture-of-Gaussians posteriors for a full GP (Nguyen & Bonilla 2014, §3.1 and §3.4: MIX, MIX2).
+"""Mixture-of-Gaussians posteriors for full GPs (Nguyen & Bonilla 2014, §3.1 and §3.4: MIX, MIX2),
+with one latent function or several (a :class:`gpvi.MultiLatent` of full GPs, e.g. softmax).
 
 The variational posterior over the latent values ``f`` at the N training inputs is an equally
 weighted mixture of K Gaussians with *diagonal* covariances,
@@ -13,6 +14,11 @@ so each observation's marginal under component k is ``N(m_ki, s_ki)`` and the bo
 
     E_q[log p(f)] = −1/(2K) Σ_k [N log 2π + log|K| + (m_k−μ)ᵀK⁻¹(m_k−μ) + Σ_i s_ki (K⁻¹)_ii],
     H_lb = −(1/K) Σ_k log[(1/K) Σ_l N(m_k | m_l, diag(s_k + s_l))]  ≤  H[q]   (Jensen).
+
+With Q latent functions (a :class:`~gpvi.multilatent.MultiLatent` of full GPs) each component is
+a diagonal Gaussian over all Q·N latent values, ``f_i = (f_i1, …, f_iQ)`` has the marginal
+``N(m_ki, diag s_ki)`` under component k, the cross-entropy is the sum over latents of the term
+above (each with its own K_q and μ_q), and the entropy bound runs over all Q·N dimensions.
 
 For K = 1 the exact entropy ``½ Σ_i log(2πe s_i)`` is used instead of the bound (which would be
 ``½ Σ_i log(4π s_i)``, looser by ``½ (1 − log 2)`` nats per latent value).  The expectations are
@@ -77,25 +83,49 @@ def _check_components(K):
     return int(K)
 
 
+def _latent_gps(model) -> list:
+    """The full GPs of the latent functions: ``[model]`` for a GP, ``model.latents`` for a
+    :class:`~gpvi.multilatent.MultiLatent` of full GPs; a ``ValueError`` otherwise."""
+    from .multilatent import MultiLatent
+
+    if isinstance(model, MultiLatent):
+        if not all(isinstance(l, GP) for l in model.latents):
+            raise ValueError("posterior='mog' needs full GPs for every latent function (MultiLatent.full), got "
+                             f"{sorted({type(l).__name__ for l in model.latents})}")
+        return list(model.latents)
+    if isinstance(model, GP):
+        return [model]
+    raise ValueError(f"model must be a gpvi GP (full GP) or a MultiLatent of full GPs for posterior='mog', "
+                     f"got {type(model).__name__}")
+
+
+def _rows(a):
+    """(K, Q, n) → what a likelihood takes: (K, n) for one latent, (K, n, Q) for several."""
+    return a[:, 0] if a.shape[1] == 1 else jnp.swapaxes(a, 1, 2)
+
+
 def _bound(u, logvar, model, X, y, K):
-    """The MoG bound L (nats, summed over the data) and the component means (K, N), for
-    whitened means ``u`` (``m_k = μ + L u_k``, L = chol K, so ``(m_k−μ)ᵀK⁻¹(m_k−μ) = |u_k|²``:
-    the cross-entropy is then well conditioned in the optimised variables) and log variances,
-    both (K, N)."""
+    """The MoG bound L (nats, summed over the data) and the component means (K, Q, N), for
+    whitened means ``u`` (``m_kq = μ_q + L_q u_kq``, L_q = chol K_q, so
+    ``(m_kq−μ_q)ᵀK_q⁻¹(m_kq−μ_q) = |u_kq|²``: the cross-entropy is then well conditioned in the
+    optimised variables) and log variances, both (K, Q, N)."""
     s = jnp.exp(logvar)
     lik = model.likelihood
     N = X.shape[0]
-    L, _ = cholesky(model.kernel(X, X), model.jitter)
-    means = model.mean + u @ L.T
-    ell = jnp.sum(lik.expected_log_prob(y[None, :], means, s)) / K
-    Linv = solve_triangular(L, jnp.eye(N, dtype=L.dtype), lower=True)
-    kinv_diag = jnp.sum(Linv**2, axis=0)
-    logdet = 2.0 * jnp.sum(jnp.log(jnp.diag(L)))
-    cross = -0.5 * (N * _LOG2PI + logdet + jnp.sum(u * u) / K + jnp.sum(s @ kinv_diag) / K)
+    means, cross = [], 0.0
+    for q, lat in enumerate(_latent_gps(model)):  # a loop over the Q latent functions
+        L, _ = cholesky(lat.kernel(X, X), lat.jitter)
+        means.append(lat.mean + u[:, q] @ L.T)
+        Linv = solve_triangular(L, jnp.eye(N, dtype=L.dtype), lower=True)
+        kinv_diag = jnp.sum(Linv**2, axis=0)
+        logdet = 2.0 * jnp.sum(jnp.log(jnp.diag(L)))
+        cross = cross - 0.5 * (N * _LOG2PI + logdet + jnp.sum(u[:, q] ** 2) / K + jnp.sum(s[:, q] @ kinv_diag) / K)
+    means = jnp.stack(means, axis=1)
+    ell = jnp.sum(lik.expected_log_prob(jnp.broadcast_to(y, (K, N)), _rows(means), _rows(s))) / K
     if K == 1:
         ent = 0.5 * jnp.sum(_LOG2PI + 1.0 + logvar)
     else:
-        ent = entropy_lower_bound(means, s)
+        ent = entropy_lower_bound(means.reshape(K, -1), s.reshape(K, -1))
     return ell + cross + ent, means
 
 
@@ -103,11 +133,12 @@ def _bound(u, logvar, model, X, y, K):
 class MoGResult:
     """A fitted mixture-of-diagonal-Gaussians posterior over the N training latents.
 
-    ``means``, ``variances`` (K, N); ``vlb`` the bound (nats, summed over the data);
-    ``model`` with the final hyperparameters; ``X`` the training inputs.
+    ``means``, ``variances`` (K, N), or (K, Q, N) with Q latent functions; ``vlb`` the bound
+    (nats, summed over the data); ``model`` with the final hyperparameters; ``X`` the training
+    inputs.
     """
 
-    model: GP
+    model: object
     X: np.ndarray
     means: np.ndarray
     variances: np.ndarray
@@ -118,45 +149,65 @@ class MoGResult:
     seconds: float
 
     def predict_f(self, Xs):
-        """Per-component latent means and variances at ``Xs``: two (K, n) arrays (the GP
-        conditional of each component)."""
-        model, X = self.model, jnp.asarray(self.X)
+        """Per-component latent means and variances at ``Xs`` (the GP conditional of each
+        component): two (K, n) arrays, or (K, n, Q) with Q latent functions."""
+        X = jnp.asarray(self.X)
         Xs = jnp.asarray(_check_X(Xs, "X"))
-        L, _ = cholesky(model.kernel(X, X), model.jitter)
-        Ks = model.kernel(X, Xs)
-        A = cho_solve((L, True), Ks)  # K⁻¹ k_*, (N, n)
-        m = model.mean + (jnp.asarray(self.means) - model.mean) @ A
-        v0 = model.kernel.diag(Xs) - jnp.sum(Ks * A, 0)
-        v = v0[None] + (jnp.asarray(self.variances)) @ (A**2)
-        return np.asarray(m), np.maximum(np.asarray(v), 1e-300)
+        means = np.asarray(self.means).reshape(self.means.shape[0], -1, X.shape[0])
+        variances = np.asarray(self.variances).reshape(means.shape)
+        ms, vs = [], []
+        for q, lat in enumerate(_latent_gps(self.model)):  # a loop over the Q latent functions
+            L, _ = cholesky(lat.kernel(X, X), lat.jitter)
+            Ks = lat.kernel(X, Xs)
+            A = cho_solve((L, True), Ks)  # K⁻¹ k_*, (N, n)
+            ms.append(lat.mean + (jnp.asarray(means[:, q]) - lat.mean) @ A)
+            v0 = lat.kernel.diag(Xs) - jnp.sum(Ks * A, 0)
+            vs.append(v0[None] + jnp.asarray(variances[:, q]) @ (A**2))
+        m, v = jnp.stack(ms, axis=1), jnp.stack(vs, axis=1)
+        return np.asarray(_rows(m)), np.maximum(np.asarray(_rows(v)), 1e-300)
 
     def predict_y(self, Xs):
-        """Predictive mean and variance of y (mixture over components; law of total variance)."""
+        """Predictive mean and variance of y (mixture over components; law of total variance);
+        with Q latents (softmax) the class probabilities and their Bernoulli variances."""
         m, v = self.predict_f(Xs)
-        mu, var = (np.asarray(a) for a in self.model.likelihood.predict_mean_and_var(jnp.asarray(m), jnp.asarray(v)))
+        lik = self.model.likelihood
+        parts = [lik.predict_mean_and_var(jnp.asarray(m[k]), jnp.asarray(v[k])) for k in range(m.shape[0])]
+        mu = np.stack([np.asarray(p[0]) for p in parts])
+        var = np.stack([np.asarray(p[1]) for p in parts])
         mean = mu.mean(0)
         return mean, (var + mu**2).mean(0) - mean**2
+
+    def predict_proba(self, Xs):
+        """Class probabilities under the mixture (the components' predictive probabilities
+        averaged), for likelihoods that have them (Bernoulli, Softmax, Ordinal)."""
+        m, v = self.predict_f(Xs)
+        lik = self.model.likelihood
+        return np.mean([np.asarray(lik.predict_proba(jnp.asarray(m[k]), jnp.asarray(v[k])))
+                        for k in range(m.shape[0])], axis=0)
 
     def log_predictive_density(self, Xs, ys):
         """``log p(y* | data)`` per test point under the mixture, (n,)."""
         m, v = self.predict_f(Xs)
-        y = jnp.asarray(self.model.likelihood.validate(ys))
-        lp = np.asarray(self.model.likelihood.predictive_log_density(y[None, :], jnp.asarray(m), jnp.asarray(v)))
+        lik = self.model.likelihood
+        y = jnp.asarray(lik.validate(ys))
+        lp = np.stack([np.asarray(lik.predictive_log_density(y, jnp.asarray(m[k]), jnp.asarray(v[k])))
+                       for k in range(m.shape[0])])
         return np.logaddexp.reduce(lp, axis=0) - np.log(lp.shape[0])
 
 
-def fit_mog(model: GP, X, y, *, components: int = 1, learn_hyperparameters=False, max_iter: int = 5000,
+def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, max_iter: int = 5000,
             tol: float = 1e-9, seed: int = 0, init_spread: float = 0.1) -> MoGResult:
     """Fit ``q(f) = (1/K) Σ_k N(m_k, diag s_k)`` (``components = K``; MIX is K = 1, MIX2 K = 2) to
-    a full GP ``model`` by L-BFGS on the bound (see the module docstring).
+    a full GP ``model``, or a :class:`~gpvi.multilatent.MultiLatent` of full GPs, by L-BFGS on
+    the bound (see the module docstring).
 
     ``learn_hyperparameters``: False, True (all of :func:`gpvi.learnable_parameters`) or a list of
     dotted names, optimised jointly with q.  Components start at the prior mean plus
     ``init_spread`` × prior sd of noise (seeded), so that they can separate.
     """
     K = _check_components(components)
-    if not isinstance(model, GP):
-        raise ValueError(f"model must be a gpvi GP (full GP) for posterior='mog', got {type(model).__name__}")
+    lats = _latent_gps(model)
+    Q = len(lats)
     X = _check_X(X)
     y = _as_array(y, "y")
     if y.ndim != 1 or y.shape[0] != X.shape[0]:
@@ -171,16 +222,16 @@ def fit_mog(model: GP, X, y, *, components: int = 1, learn_hyperparameters=False
         names = list(learn_hyperparameters)
     theta0 = flatten_params(model, names)
     flat_theta, unravel = jax.flatten_util.ravel_pytree(theta0) if names else (jnp.zeros(0), None)
-    kdiag = np.asarray(model.kernel.diag(Xj))
+    kdiag = np.stack([np.asarray(lat.kernel.diag(Xj)) for lat in lats])  # (Q, N)
     rng = np.random.default_rng(seed)
-    u0 = init_spread * rng.standard_normal((K, N))
+    u0 = init_spread * rng.standard_normal((K, Q, N))
     lv0 = np.log(0.5 * kdiag)[None].repeat(K, 0)
     x0 = np.concatenate([u0.ravel(), lv0.ravel(), np.asarray(flat_theta)])
-    nv = 2 * K * N
+    nv = 2 * K * Q * N
 
     def split(x):
         mdl = unflatten_params(model, unravel(x[nv:])) if names else model
-        return x[:K * N].reshape(K, N), x[K * N:nv].reshape(K, N), mdl
+        return x[:nv // 2].reshape(K, Q, N), x[nv // 2:nv].reshape(K, Q, N), mdl
 
     def neg(x):
         u, logvar, mdl = split(x)
@@ -210,6 +261,9 @@ def fit_mog(model: GP, X, y, *, components: int = 1, learn_hyperparameters=False
     res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", options=opts)
     u, logvar, final = split(jnp.asarray(res.x))
     means = np.asarray(_bound(u, logvar, final, Xj, y, K)[1])
-    return MoGResult(model=final, X=X, means=means, variances=np.exp(np.asarray(logvar)),
+    variances = np.exp(np.asarray(logvar))
+    if Q == 1:  # one latent: (K, N), as before
+        means, variances = means[:, 0], variances[:, 0]
+    return MoGResult(model=final, X=X, means=means, variances=variances,
                      vlb=-float(res.fun), iterations=int(res.nit), converged=bool(res.success),
                      message=str(res.message), seconds=time.perf_counter() - t0)
