@@ -279,8 +279,8 @@ def main(argv=None):
                       title=f"kin40k, Student-t noise (M = {kin['M']}, B = {kin['B']}, {kin['N_train']} train rows)")
     md = [f"# Streaming at scale ({'quick smoke run' if a.quick else 'full run'})", "",
           f"N = {a.n} rows in Parquet row groups of {a.row_group}; batch fpi on the first {a.n_sub} rows; "
-          f"M = {a.m}, minibatches of {a.batch_size}, {a.epochs} epochs, γ_t = 1/(1+√t). The machine was shared "
-          "(2 cores); ratios are from one run.", "",
+          f"M = {a.m}, minibatches of {a.batch_size}, {a.epochs} epochs, γ_t = 1/(1+√t). 2 cores, load "
+          f"average at the end {C.load_average()} (the run itself keeps about 2); ratios are from one run.", "",
           "| claim | " + " | ".join(r["likelihood"] for r in results) + " |", "|---|" + "---|" * len(results)]
     md.append("| test NLPD within 0.5 % of batch fpi after ≤ 2 epochs | " + " | ".join(
         f"{'holds' if r['claim_nlpd'] else 'does not hold'} ({100 * min(r['nlpd_rel_diff_per_epoch']):.3f} %)"
