@@ -294,6 +294,11 @@ def state_distance(a: State, b: State) -> float:
                  + np.linalg.norm(np.asarray(a.chol) - np.asarray(b.chol)))
 
 
+# With ``hold_after_damping``, a step size that had to be halved is kept for this many steps that
+# pass at once before it is doubled again.
+HOLD_STEPS = 1
+
+
 class SafeguardedAscent:
     """Runs natural-gradient steps that never lower the VLB.
 
@@ -317,6 +322,10 @@ class SafeguardedAscent:
         self._history: list[State] = []
         self.gap = float("inf")  # estimated gap at the state of the last step() call
         self.direction = None  # joint Newton direction of coupled latents at that state (or None)
+        # keep a damped step size for the next step instead of doubling it at once (a map that
+        # needs α = 1/4 every step otherwise wastes one rejected proposal at 1/2 per step)
+        self.hold_after_damping = False
+        self._held = HOLD_STEPS
         self.certified = False  # the last step() stopped because that gap was small enough
 
     def _target(self, state: State, sums: Sums, alpha, update_mean, update_cov):
@@ -407,7 +416,12 @@ class SafeguardedAscent:
         if out is None:
             return None
         self._cycle_check(out[0], state)
-        self.alpha = min(1.0, 2.0 * out[2])
+        if self.hold_after_damping and out[2] < alpha:
+            self.alpha, self._held = out[2], 0  # the size that passed, kept for a while
+        elif self.hold_after_damping and self._held < HOLD_STEPS:
+            self._held += 1
+        else:
+            self.alpha = min(1.0, 2.0 * out[2])
         return out
 
     def _cycle_check(self, new: State, cur: State):

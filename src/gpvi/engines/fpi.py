@@ -43,6 +43,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     clock.tick(sums.vlb, 0)
     guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     cov_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
+    cov_guard.hold_after_damping = True
     rejected, extras = 0, {}
     converged, message, it, gap = False, f"reached max_iter={max_iter}", 0, float("inf")
     if not np.isfinite(float(sums.vlb)):
