@@ -160,10 +160,17 @@ def claims(results, paper_ok_ratio=1.5):
             f"{min(r.get('iVSGPR10', 9), r.get('iVSGPRada', 9)):.4f} vs {r['VSGPR*-svi']:.4f}",
             min(r.get("iVSGPR10", 9), r.get("iVSGPRada", 9)) <= 1.25 * r["VSGPR*-svi"])
     for m, v in r.items():
-        add(f"{m}: test nMSE after the paper's 500 iterations is {PAPER[m]}",
-            f"{v:.4f} after {results[m]['iterations']} iterations",
-            (v <= paper_ok_ratio * PAPER[m] and v >= PAPER[m] / paper_ok_ratio)
-            if results[m]["iterations"] >= 500 else "not comparable (fewer iterations)")
+        # holds: at most 10 % above the paper's nMSE (lower is better); partly: within 1.5×
+        if results[m]["iterations"] < 500:
+            verdict = "not comparable (fewer iterations)"
+        elif v <= 1.10 * PAPER[m]:
+            verdict = True
+        elif v <= paper_ok_ratio * PAPER[m]:
+            verdict = "partly"
+        else:
+            verdict = False
+        add(f"{m}: test nMSE after the paper's 500 iterations is {PAPER[m]} (holds: ≤ 1.1× that; partly: ≤ 1.5×)",
+            f"{v:.4f} after {results[m]['iterations']} iterations ({v / PAPER[m]:.2f}×)", verdict)
     if "iVSGPRada" in results:
         ev = results["iVSGPRada"]["subproblem_evaluations"]
         if len(ev) >= 6:
