@@ -3,6 +3,7 @@
 Timings are not asserted here (tests never time things); only that the scripts work and that
 the properties that do not depend on machine load hold.
 """
+import math
 import json
 import os
 import subprocess
@@ -249,6 +250,28 @@ def test_izmailov2017_benchmark_quick(tmp_path):
     verdicts = {r["verdict"] for r in out["claims"]}
     assert verdicts <= {"holds", "partly", "does not hold", "not run (svi not merged yet)"}
     assert (tmp_path / "izmailov2017_quick.md").read_text().count("| german_numer |") >= 3
+    # the M sweep, merged into the comparison, gives a saturation claim for the swept set
+    script = str(ROOT / "benchmarks" / "izmailov2017.py")
+    sweep_dir, merged_dir = tmp_path / "sweep", tmp_path / "merged"
+    subprocess.run([sys.executable, script, "--quick", "--m-sweep", "--datasets", "german_numer", "--outdir",
+                    str(sweep_dir)], check=True, capture_output=True, text=True, timeout=600, env=_env())
+    sweep = json.loads((sweep_dir / "izmailov2017_quick_msweep.json").read_text())["m_sweep"]["german_numer"]
+    assert [p["M"] for p in sweep] == [5, 10, 20]
+    assert all(0.5 < p["accuracy"] <= 1 and math.isfinite(p["vlb"]) for p in sweep)
+    # a wider svi grid from an svi-only run joins the comparison's grid
+    subprocess.run([sys.executable, script, "--quick", "--svi-only", "--datasets", "german_numer", "--lr-grid", "0.3",
+                    "--outdir", str(sweep_dir)], check=True, capture_output=True, text=True, timeout=600, env=_env())
+    subprocess.run([sys.executable, script, "--quick", "--outdir", str(merged_dir), "--merge",
+                    str(tmp_path / "izmailov2017_quick.json"), str(sweep_dir / "izmailov2017_quick_msweep.json"),
+                    str(sweep_dir / "izmailov2017_quick_svi.json")],
+                   check=True, capture_output=True, text=True, timeout=600, env=_env())
+    merged = json.loads((merged_dir / "izmailov2017_quick.json").read_text())
+    grid = merged["results"]["german_numer"]["svi_grid"]
+    assert grid["rates"] == [0.3, 1.0] and str(grid["chosen"]) in grid["curves"]
+    assert merged["results"]["svmguide1"]["svi_grid"]["rates"] == [1.0]
+    sat = [r for r in merged["claims"] if r["claim"].startswith("ours: M = 10 saturates")]
+    assert len(sat) == 1 and sat[0]["dataset"] == "german_numer"
+    assert sat[0]["verdict"] in {"holds", "partly", "does not hold"}
 
 
 @pytest.mark.slow

@@ -127,6 +127,14 @@ def test_jj_expectation_bound_and_optimal_xi(rng):
         # the paper's printed ξ² = m² + S² (S² the variance) and the authors' √(m² + S) differ;
         # the maximiser is √(m² + v):
         assert e_at(np.sqrt(m[i] ** 2 + v[i] ** 2), i) <= E[i] + 1e-14
+    # "equal at the optimal ξ": the bound is tight pointwise (f = ±ξ, above), so at the optimal ξ
+    # the gap to the true expectation closes as q's variance goes to zero, at rate O(v)
+    for scale in (1e-2, 1e-4, 1e-6):
+        vs = v * scale
+        Es = np.asarray(lik.variational_moments(jnp.asarray(y), jnp.asarray(m), jnp.asarray(vs))[0])
+        gap = _gh_expected_log_sigmoid(y, m, vs) - Es
+        assert np.all(gap >= -1e-12)
+        assert np.all(gap <= 0.5 * vs + 1e-13), np.max(gap / vs)
     # ρ, λ are the fixed-ξ derivatives, and (envelope theorem) the total derivatives of E
     dm, dv = jax.grad(lambda a, b: jnp.sum(lik.expected_log_prob(jnp.asarray(y), a, b)), argnums=(0, 1))(
         jnp.asarray(m), jnp.asarray(v))

@@ -205,10 +205,7 @@ class White(Kernel):
     variance: object = param("positive", 1.0, shape="scalar")
 
     def _K(self, X1, X2):
-        same = jnp.ones((X1.shape[0], X2.shape[0]), bool)
-        for k in range(X1.shape[1]):  # a loop over input columns, not data points
-            same = same & (X1[:, k, None] == X2[None, :, k])
-        return jnp.where(same, self.variance, 0.0).astype(X1.dtype)
+        return jnp.where(same_rows(X1, X2), self.variance, 0.0).astype(X1.dtype)
 
     def _diag(self, X):
         return jnp.full(X.shape[0], self.variance, dtype=X.dtype)
@@ -220,6 +217,15 @@ class White(Kernel):
     def inducing_cross(self, Z, X):
         Z, X = _as_2d(Z), _as_2d(X)
         return jnp.zeros((Z.shape[0], X.shape[0]), Z.dtype)
+
+
+def same_rows(X1, X2):
+    """``(n1, n2)`` boolean mask of the row pairs whose columns are all equal (the "same point"
+    convention of :class:`White` and of a full GP's jitter nugget)."""
+    same = jnp.ones((X1.shape[0], X2.shape[0]), bool)
+    for k in range(X1.shape[1]):  # a loop over input columns, not data points
+        same = same & (X1[:, k, None] == X2[None, :, k])
+    return same
 
 
 def _check_kernels(owner, name, val):

@@ -29,7 +29,7 @@ import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from ._module import Module, is_tracer, param, positional, static
-from .kernels import Kernel
+from .kernels import Kernel, same_rows
 from .likelihoods import Likelihood, _as_array, _is_real_dtype
 
 __all__ = ["Model", "GLM", "GP", "SparseGP", "cholesky", "kl_standard_normal"]
@@ -346,10 +346,7 @@ class GP(Model):
 
     def project(self, cache, Xc):
         X, L, nugget = cache
-        same = jnp.ones((X.shape[0], Xc.shape[0]), bool)
-        for k in range(X.shape[1]):  # a loop over input columns, not data points
-            same = same & (X[:, k, None] == Xc[None, :, k])
-        At = solve_triangular(L, self.kernel(X, Xc) + nugget * same, lower=True)
+        At = solve_triangular(L, self.kernel(X, Xc) + nugget * same_rows(X, Xc), lower=True)
         # On training rows c_i = 0 up to rounding; elsewhere the conditional variance.
         c = jnp.maximum(self.kernel.diag(Xc) + nugget - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
