@@ -104,21 +104,30 @@ def _rows(a):
     return a[:, 0] if a.shape[1] == 1 else jnp.swapaxes(a, 1, 2)
 
 
-def _bound(u, logvar, model, X, y, K):
+def _prior_factors(model, X):
+    """Per latent: ``(L, diag K⁻¹, log det K)`` of its prior covariance on the training inputs."""
+    out = []
+    for lat in _latent_gps(model):  # a loop over the Q latent functions
+        L, _ = cholesky(lat.kernel(X, X), lat.jitter)
+        Linv = solve_triangular(L, jnp.eye(X.shape[0], dtype=L.dtype), lower=True)
+        out.append((L, jnp.sum(Linv**2, axis=0), 2.0 * jnp.sum(jnp.log(jnp.diag(L)))))
+    return out
+
+
+def _bound(u, logvar, model, X, y, K, factors=None):
     """The MoG bound L (nats, summed over the data) and the component means (K, Q, N), for
     whitened means ``u`` (``m_kq = μ_q + L_q u_kq``, L_q = chol K_q, so
     ``(m_kq−μ_q)ᵀK_q⁻¹(m_kq−μ_q) = |u_kq|²``: the cross-entropy is then well conditioned in the
-    optimised variables) and log variances, both (K, Q, N)."""
+    optimised variables) and log variances, both (K, Q, N).  ``factors``: the model's
+    :func:`_prior_factors` on X when the hyperparameters are fixed (computed here otherwise)."""
     s = jnp.exp(logvar)
     lik = model.likelihood
     N = X.shape[0]
     means, cross = [], 0.0
-    for q, lat in enumerate(_latent_gps(model)):  # a loop over the Q latent functions
-        L, _ = cholesky(lat.kernel(X, X), lat.jitter)
+    if factors is None:
+        factors = _prior_factors(model, X)
+    for q, (lat, (L, kinv_diag, logdet)) in enumerate(zip(_latent_gps(model), factors)):
         means.append(lat.mean + u[:, q] @ L.T)
-        Linv = solve_triangular(L, jnp.eye(N, dtype=L.dtype), lower=True)
-        kinv_diag = jnp.sum(Linv**2, axis=0)
-        logdet = 2.0 * jnp.sum(jnp.log(jnp.diag(L)))
         cross = cross - 0.5 * (N * _LOG2PI + logdet + jnp.sum(u[:, q] ** 2) / K + jnp.sum(s[:, q] @ kinv_diag) / K)
     means = jnp.stack(means, axis=1)
     ell = jnp.sum(lik.expected_log_prob(jnp.broadcast_to(y, (K, N)), _rows(means), _rows(s))) / K
@@ -233,11 +242,17 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
         mdl = unflatten_params(model, unravel(x[nv:])) if names else model
         return x[:nv // 2].reshape(K, Q, N), x[nv // 2:nv].reshape(K, Q, N), mdl
 
-    def neg(x):
-        u, logvar, mdl = split(x)
-        return -_bound(u, logvar, mdl, Xj, y, K)[0]
+    # at fixed hyperparameters the prior factors are constants: factorise once, not per evaluation
+    factors = None if names else _prior_factors(model, Xj)
 
-    vg = jax.jit(jax.value_and_grad(neg))
+    def neg(x, factors):
+        u, logvar, mdl = split(x)
+        return -_bound(u, logvar, mdl, Xj, y, K, factors)[0]
+
+    vg_ = jax.jit(jax.value_and_grad(neg))
+
+    def vg(x):
+        return vg_(x, factors)
     t0 = time.perf_counter()
 
     def fun(x):
@@ -260,7 +275,7 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
         x0 = np.concatenate([rq.x, x0[nv:]])
     res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", options=opts)
     u, logvar, final = split(jnp.asarray(res.x))
-    means = np.asarray(_bound(u, logvar, final, Xj, y, K)[1])
+    means = np.asarray(_bound(u, logvar, final, Xj, y, K, factors)[1])
     variances = np.exp(np.asarray(logvar))
     if Q == 1:  # one latent: (K, N), as before
         means, variances = means[:, 0], variances[:, 0]
