@@ -567,7 +567,8 @@ def main(argv=None):
         write()
     rows = write()
     _common.print_table(["data set", "claim", "verdict"], [(r["dataset"], r["claim"][:80], r["verdict"]) for r in rows])
-    log(f"wrote {outdir / stem}.{{json,md,png}}")
+    log(f"wrote {outdir / stem}." + ("json (merge it with --merge)" if a.svi_only else "{json,md,png}"))
+
 
 if __name__ == "__main__":
     main()
