@@ -169,6 +169,41 @@ def test_sparse_latents_with_learned_hyperparameters():
     assert np.asarray(res.model.latents[0].inducing).shape == (15, 2)
 
 
+def test_tied_hyperparameters_across_latents():
+    """``latents.*.kernel.x`` is one parameter shared by every latent: its hypergradient is the
+    sum of the per-latent ones (chain rule), and fit learns one value for all latents."""
+    from gpvi._module import flatten_params, unflatten_params
+    from gpvi.objective import make_chunks, vlb_in_hyperparameters
+
+    X, y = _three_class(n=30)
+    model = MultiLatent.full([kernels.RBF(variance=1.0, lengthscale=1.0), kernels.RBF(variance=2.0, lengthscale=1.5),
+                              kernels.RBF(variance=0.5, lengthscale=2.0)], Softmax(num_classes=3))
+    tied = ["latents.*.kernel.variance", "latents.*.kernel.lengthscale"]
+    th = flatten_params(model, tied)  # started at the mean of the unconstrained (log) values
+    np.testing.assert_allclose(float(th["latents.*.kernel.variance"]), np.mean(np.log([1.0, 2.0, 0.5])), rtol=1e-12)
+    same = unflatten_params(model, th)
+    assert len({float(l.kernel.lengthscale) for l in same.latents}) == 1
+    st = _random_state(3, 30)
+    chunks = make_chunks(X, same.likelihood.validate(jnp.asarray(y)))
+    Xj = jnp.asarray(X)
+    untied = [f"latents.{q}.kernel.{p}" for p in ("variance", "lengthscale") for q in range(3)]
+
+    def vlb(th, m):
+        return vlb_in_hyperparameters(unflatten_params(m, th), Xj, chunks, st)
+
+    g_tied = jax.grad(vlb)(th, same)
+    g_untied = jax.grad(vlb)(flatten_params(same, untied), same)
+    for p in ("variance", "lengthscale"):
+        np.testing.assert_allclose(float(g_tied[f"latents.*.kernel.{p}"]),
+                                   sum(float(g_untied[f"latents.{q}.kernel.{p}"]) for q in range(3)), rtol=1e-10)
+    res = gpvi.fit(model, X, y, engine="fpi", learn_hyperparameters=tied, max_rounds=15)
+    assert len({float(l.kernel.variance) for l in res.model.latents}) == 1
+    assert len({float(l.kernel.lengthscale) for l in res.model.latents}) == 1
+    assert res.vlb > gpvi.fit(same, X, y, engine="fpi").vlb
+    with pytest.raises(ValueError, match=r"latents\.\*\.kernel\.period"):
+        gpvi.fit(model, X, y, learn_hyperparameters=["latents.*.kernel.period"])
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="latents"):
         MultiLatent([GP(kernels.RBF(), None)] * 2, Softmax(num_classes=3))

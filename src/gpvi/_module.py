@@ -324,10 +324,36 @@ def _to_constrained(u, transform):
     return u
 
 
+def matching_parameters(obj: Module, name: str) -> list[str]:
+    """The dotted parameter paths of ``obj`` that ``name`` stands for: itself, or, where a path
+    segment is ``*`` (e.g. ``latents.*.kernel.lengthscale``), every path that matches it with any
+    one segment there — one *tied* parameter shared by all of them."""
+    trans = obj.transforms()
+    if "*" not in name.split("."):
+        return [name] if name in trans else []
+    want = name.split(".")
+    return [p for p in trans if len(p.split(".")) == len(want)
+            and all(w in ("*", q) for w, q in zip(want, p.split(".")))]
+
+
+def unknown_parameters(obj: Module, names) -> list[str]:
+    """The names (plain or with ``*`` segments) that match no parameter of ``obj``."""
+    return sorted(n for n in names if not matching_parameters(obj, n))
+
+
 def flatten_params(obj: Module, names: list[str]) -> dict[str, jax.Array]:
-    """Unconstrained values of the named parameters of ``obj``."""
+    """Unconstrained values of the named parameters of ``obj``; a name with a ``*`` segment is one
+    tied parameter (:func:`matching_parameters`), started at the mean of its matches'
+    unconstrained values."""
     params, trans = obj.parameters(), obj.transforms()
-    return {n: _to_unconstrained(params[n], trans[n]) for n in names}
+    out = {}
+    for n in names:
+        paths = matching_parameters(obj, n)
+        vals = [_to_unconstrained(params[p], trans[p]) for p in paths]
+        if len({np.shape(v) for v in vals}) != 1 or len({trans[p] for p in paths}) != 1:
+            raise ValueError(f"{n!r} ties parameters of different shapes or transforms: {paths}")
+        out[n] = vals[0] if len(vals) == 1 else sum(vals) / len(vals)
+    return out
 
 
 def unflatten_params(obj: Module, unconstrained: dict[str, jax.Array]) -> Module:
@@ -338,5 +364,8 @@ def unflatten_params(obj: Module, unconstrained: dict[str, jax.Array]) -> Module
     from, not an exception.
     """
     trans = obj.transforms()
-    return obj.with_parameters({n: _to_constrained(u, trans[n]) for n, u in unconstrained.items()},
-                               check=False)
+    values = {}
+    for n, u in unconstrained.items():
+        for p in matching_parameters(obj, n) if "*" in n.split(".") else [n]:
+            values[p] = _to_constrained(u, trans[p])
+    return obj.with_parameters(values, check=False)

@@ -26,7 +26,7 @@ from threadpoolctl import threadpool_limits
 
 from . import collapsed, warmstart
 from ._compile import strong_parameters
-from ._module import flatten_params, unflatten_params
+from ._module import flatten_params, unflatten_params, unknown_parameters
 from .engines import ENGINES
 from .engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
 from .executors import BlockObjective, block_layout, resolve_executor
@@ -264,7 +264,9 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         Bernoulli likelihoods) or ``"laplace"`` (see :mod:`gpvi.engines`).
     learn_hyperparameters : False, True (all learnable parameters, see
         :func:`learnable_parameters`), one dotted name such as ``"kernel.variance"`` or a list
-        of them such as ``["kernel.lengthscale", "likelihood.variance"]``.  With
+        of them such as ``["kernel.lengthscale", "likelihood.variance"]``.  A ``*`` segment
+        ties parameters: ``"latents.*.kernel.lengthscale"`` is one lengthscale shared by all
+        latent functions of a :class:`~gpvi.multilatent.MultiLatent`.  With
         ``engine="laplace"`` the Laplace approximate log marginal likelihood is maximised
         instead of the VLB (as in Sheth et al. 2015); it is in
         ``FitResult.extras["log_marginal"]``, and a maximum where the Laplace evidence exceeds
@@ -352,7 +354,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         if not all(isinstance(n, str) for n in names):
             raise ValueError("learn_hyperparameters must be True, False, a parameter name or a list of "
                              f"names such as ['kernel.lengthscale'], got {learn_hyperparameters!r}")
-        unknown = set(names) - set(model.transforms())
+        unknown = unknown_parameters(model, names)
         if unknown:
             raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
                              f"known: {sorted(model.transforms())}")
@@ -483,7 +485,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         if learn_hyperparameters and not joint:
             names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
                      else list(learn_hyperparameters))
-            unknown = set(names) - set(model.transforms())
+            unknown = unknown_parameters(model, names)
             if unknown:
                 raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
                                  f"known: {sorted(model.transforms())}")

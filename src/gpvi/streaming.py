@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._module import unknown_parameters
 from .engines import ENGINES
 from .engines._stochastic import StreamError, check_model
 from .fit import _BLAS_LIMIT, FitResult, _check_init, learnable_parameters
@@ -100,7 +101,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
     if learn_hyperparameters:
         names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
                  else [learn_hyperparameters] if isinstance(learn_hyperparameters, str) else list(learn_hyperparameters))
-        unknown = set(names) - set(model.transforms())
+        unknown = unknown_parameters(model, names)
         if unknown:
             raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}")
     bar = _stream_progress(N * epochs if epochs else None) if progress else None
