@@ -70,6 +70,13 @@ def _gauss_nlpd(y, mean, var):
 
 
 # ---- Boston ---------------------------------------------------------------------------------
+def _sse(pred, yt):
+    """Standardised squared errors ``(pred − y)² / Var(y_test)``: their mean (SSE) and their median
+    over the test points (the centre line of the paper's Fig. 1 box plots)."""
+    e = (pred - yt) ** 2 / np.var(yt)
+    return dict(sse=float(np.mean(e)), sse_median=float(np.median(e)))
+
+
 def boston(splits, n_train, rounds, mog_iter=5000):
     from sklearn.gaussian_process import GaussianProcessRegressor
     from sklearn.gaussian_process.kernels import RBF as SkRBF, ConstantKernel, WhiteKernel
@@ -87,7 +94,7 @@ def boston(splits, n_train, rounds, mog_iter=5000):
         gpr = GaussianProcessRegressor(ConstantKernel(1.0) * SkRBF(np.sqrt(D)) + WhiteKernel(0.1),
                                        normalize_y=False, random_state=0).fit(X, ys)
         m, s = gpr.predict(Xt, return_std=True)
-        out["GPR"] = dict(sse=float(np.mean((m * sd + mu - yt) ** 2) / np.var(yt)),
+        out["GPR"] = dict(**_sse(m * sd + mu, yt),
                           nlpd=_gauss_nlpd(yt, m * sd + mu, (s * sd) ** 2), seconds=time.perf_counter() - t)
         base = GP(kernels.RBF(variance=1.0, lengthscale=float(np.sqrt(D))), L.Gaussian(variance=0.1))
         t = time.perf_counter()
@@ -95,7 +102,7 @@ def boston(splits, n_train, rounds, mog_iter=5000):
         names = ["kernel.variance", "kernel.lengthscale", "likelihood.variance"]
         r = gpvi.fit(base, X, ys, learn_hyperparameters=names, max_rounds=rounds)
         m, v = r.predict_y(Xt)
-        out["FULL"] = dict(sse=float(np.mean((m * sd + mu - yt) ** 2) / np.var(yt)),
+        out["FULL"] = dict(**_sse(m * sd + mu, yt),
                            nlpd=_gauss_nlpd(yt, m * sd + mu, v * sd**2), seconds=time.perf_counter() - t,
                            vlb=r.vlb)
         for name, K in (("MIX", 1), ("MIX2", 2)):
@@ -103,7 +110,7 @@ def boston(splits, n_train, rounds, mog_iter=5000):
             r = fit_mog(base, X, ys, components=K, learn_hyperparameters=names, max_iter=mog_iter)
             m, v = r.predict_y(Xt)
             lpd = r.log_predictive_density(Xt, (yt - mu) / sd) - np.log(sd)
-            out[name] = dict(sse=float(np.mean((m * sd + mu - yt) ** 2) / np.var(yt)), nlpd=float(-np.mean(lpd)),
+            out[name] = dict(**_sse(m * sd + mu, yt), nlpd=float(-np.mean(lpd)),
                              seconds=time.perf_counter() - t, vlb=r.vlb)
         rows.append(out)
         print(f"  boston split {k}: " + ", ".join(f"{n} SSE {out[n]['sse']:.3f} NLPD {out[n]['nlpd']:.3f}"
@@ -286,9 +293,14 @@ def claims(res, quick):
         add("Boston: FULL ≈ exact GP regression (SSE within 0.01, NLPD within 0.05)",
             f"SSE {avg['FULL']['sse']:.3f} vs {avg['GPR']['sse']:.3f}; NLPD {avg['FULL']['nlpd']:.3f} vs {avg['GPR']['nlpd']:.3f}",
             abs(avg["FULL"]["sse"] - avg["GPR"]["sse"]) < 0.01 and abs(avg["FULL"]["nlpd"] - avg["GPR"]["nlpd"]) < 0.05)
-        add("Boston: MIX and MIX2 comparable to GPR in SSE (within 25 %)",
+        add("Boston: MIX and MIX2 comparable to GPR in SSE (mean over test points within 25 %)",
             f"MIX {avg['MIX']['sse']:.3f}, MIX2 {avg['MIX2']['sse']:.3f}, GPR {avg['GPR']['sse']:.3f}",
             max(avg["MIX"]["sse"], avg["MIX2"]["sse"]) <= 1.25 * avg["GPR"]["sse"])
+        if all("sse_median" in r[n] for r in b for n in ("GPR", "MIX", "MIX2")):
+            med = {n: float(np.mean([r[n]["sse_median"] for r in b])) for n in ("GPR", "MIX", "MIX2")}
+            add("Boston: MIX and MIX2 comparable to GPR in the median SSE (paper §4.1, Fig. 1; within 25 %)",
+                f"MIX {med['MIX']:.4f}, MIX2 {med['MIX2']:.4f}, GPR {med['GPR']:.4f} (median over test points, "
+                "mean over splits)", max(med["MIX"], med["MIX2"]) <= 1.25 * med["GPR"])
     for name in ("creep", "abalone"):
         w = res.get(name)
         if w:
