@@ -202,6 +202,11 @@ def test_tied_hyperparameters_across_latents():
     assert res.vlb > gpvi.fit(same, X, y, engine="fpi").vlb
     with pytest.raises(ValueError, match=r"latents\.\*\.kernel\.period"):
         gpvi.fit(model, X, y, learn_hyperparameters=["latents.*.kernel.period"])
+    with pytest.raises(ValueError, match="no parameter"):
+        flatten_params(model, ["latents.0.kernel.period"])
+    ard = MultiLatent.full([kernels.RBF(lengthscale=[1.0, 2.0]), kernels.RBF(), kernels.RBF()], Softmax(num_classes=3))
+    with pytest.raises(ValueError, match="different shapes"):
+        flatten_params(ard, ["latents.*.kernel.lengthscale"])
 
 
 def test_bad_input():

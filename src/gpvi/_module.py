@@ -349,6 +349,8 @@ def flatten_params(obj: Module, names: list[str]) -> dict[str, jax.Array]:
     out = {}
     for n in names:
         paths = matching_parameters(obj, n)
+        if not paths:
+            raise ValueError(f"{n!r} names no parameter of {type(obj).__name__}; known: {sorted(trans)}")
         vals = [_to_unconstrained(params[p], trans[p]) for p in paths]
         if len({np.shape(v) for v in vals}) != 1 or len({trans[p] for p in paths}) != 1:
             raise ValueError(f"{n!r} ties parameters of different shapes or transforms: {paths}")
