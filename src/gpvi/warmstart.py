@@ -14,7 +14,8 @@ runs of the search took 598 fixed-point iterations in all with this map against 
 :func:`carry` instead maps the old state to the new coordinates so that ``q(u)`` over the
 inducing values (sparse GP), the training latents (full GP) or the weights (GLM) is
 unchanged: with ``T = L_new⁻¹ L_old`` (lower triangular),
-``m ← T m + L_new⁻¹ (μ_old − μ_new)`` and ``chol V ← T chol V``.
+``m ← T m + L_new⁻¹ (μ_old − μ_new)`` and ``chol V ← T chol V``; for a
+:class:`~gpvi.multilatent.MultiLatent`, latent by latent.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from .models import GLM, GP, SparseGP
+from .multilatent import MultiLatent
 from .objective import State
 
 __all__ = ["carry"]
@@ -51,7 +53,20 @@ def _carry(L_old, L_new, mu_old, mu_new, state):
 
 
 def supported(model) -> bool:
+    if isinstance(model, MultiLatent):
+        return all(supported(l) for l in model.latents)
     return type(model) in (SparseGP, GP, GLM)
+
+
+def _same_kind(old, new) -> bool:
+    """One built-in model type with the same inducing-input shapes (latent by latent)."""
+    if isinstance(old, MultiLatent):
+        return isinstance(new, MultiLatent) and len(old.latents) == len(new.latents) \
+            and all(_same_kind(a, b) for a, b in zip(old.latents, new.latents))
+    if type(old) is not type(new):
+        return False
+    return not isinstance(old, SparseGP) or old.inducing is new.inducing \
+        or jnp.shape(old.inducing) == jnp.shape(new.inducing)
 
 
 def carry(old_objective, new_objective, state: State) -> State:
@@ -59,15 +74,18 @@ def carry(old_objective, new_objective, state: State) -> State:
     coordinates, keeping ``q`` over the prior's variables fixed; the input unchanged when the
     models are not of one built-in type, or when the map is not finite (a failed factor)."""
     old, new = old_objective.model, new_objective.model
-    if not (supported(old) and type(old) is type(new)) or old_objective.dim != new_objective.dim:
+    if not (supported(old) and _same_kind(old, new)) or old_objective.dim != new_objective.dim:
         return state
-    if isinstance(old, SparseGP) and old.inducing is not new.inducing \
-            and jnp.shape(old.inducing) != jnp.shape(new.inducing):
-        return state
-    d = state.mean.shape[0]
+    d = state.mean.shape[-1]
     # With moving inducing inputs q(u) refers to other points; the map still keeps its
     # whitened meaning closer than the raw state would, and the engine corrects the rest.
-    out = _carry(_factor(old, old_objective.prior, d), _factor(new, new_objective.prior, d),
-                 _mean(old), _mean(new), state)
+    if isinstance(old, MultiLatent):  # latent by latent (q is factorised over the latents)
+        stack = lambda m, prior: (jnp.stack([_factor(l, p, d) for l, p in zip(m.latents, prior)]),  # noqa: E731
+                                  jnp.stack([_mean(l) for l in m.latents]))
+        (Lo, mo), (Ln, mn) = stack(old, old_objective.prior), stack(new, new_objective.prior)
+        out = jax.vmap(_carry)(Lo, Ln, mo, mn, state)
+    else:
+        out = _carry(_factor(old, old_objective.prior, d), _factor(new, new_objective.prior, d),
+                     _mean(old), _mean(new), state)
     ok = bool(jnp.all(jnp.isfinite(out.chol)) & jnp.all(jnp.isfinite(out.mean)))
     return out if ok else state
