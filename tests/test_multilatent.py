@@ -46,6 +46,36 @@ def test_softmax_expectation_against_sampling():
     np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("C", [2, 3, 4])
+def test_softmax_closed_form_moments_are_the_derivatives_of_its_product_rule(C):
+    """Softmax's (E, ρ, λ, h) in closed form against automatic differentiation of the product
+    Gauss–Hermite rule written independently (logsumexp over all nodes at once)."""
+    from gpvi.softmax import points_per_latent, product_nodes
+
+    lik = Softmax(num_classes=C)
+    rng = np.random.default_rng(C)
+    n = 7
+    m = jnp.asarray(3.0 * rng.standard_normal((n, C)))
+    v = jnp.asarray(rng.uniform(0.05, 4.0, (n, C)))
+    y = jnp.asarray(rng.integers(0, C, n).astype(float))
+    Z, W = product_nodes(points_per_latent(lik.quadrature_points, C), C)
+
+    def E_ref(m_, v_):
+        f = m_[:, None, :] + jnp.sqrt(v_)[:, None, :] * Z
+        return m_[jnp.arange(n), y.astype(int)] - jax.scipy.special.logsumexp(f, axis=-1) @ W
+
+    E, rho, lam, h = lik.moments_and_mean_hessians(y, m, v)
+    np.testing.assert_allclose(E, E_ref(m, v), rtol=1e-13)
+    np.testing.assert_allclose(lik.expected_log_prob(y, m, v), E, rtol=1e-13)
+    tot = lambda m_, v_: jnp.sum(E_ref(m_, v_))  # noqa: E731  (rows are independent)
+    np.testing.assert_allclose(rho, jax.grad(tot, 0)(m, v), atol=1e-12)
+    np.testing.assert_allclose(lam, 2.0 * jax.grad(tot, 1)(m, v), atol=1e-12)
+    H = jax.hessian(tot, 0)(m, v)  # (n, C, n, C), block diagonal in the rows
+    np.testing.assert_allclose(h, H[jnp.arange(n), :, jnp.arange(n), :], atol=1e-12)
+    for a, b in zip(lik.variational_moments(y, m, v), (E, rho, lam)):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("lik", [Softmax(num_classes=3), MonteCarlo(Softmax(num_classes=3), num_samples=256)],
                          ids=["quadrature", "mc"])
 def test_sums_are_the_vlb_gradient_by_finite_differences(lik):
@@ -95,7 +125,7 @@ def test_fpi_and_gradient_reach_the_same_vlb(lik):
 def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means(lik):
     """The coupled mean direction (CG on I − Σ A h Aᵀ) against a dense solve with the Hessian of
     the VLB in all Q×d means by automatic differentiation, and the gap's mean share ½ gᵀĤ⁻¹g."""
-    from gpvi.engines._common import coupled_target
+    from gpvi.engines._common import coupled_target, precision_chol
     from gpvi.objective import _expected
 
     X, y = _three_class(n=25)
@@ -113,8 +143,18 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     H = -np.asarray(jax.hessian(vlb_of_mean)(st.mean.reshape(-1)))
     g = np.asarray(sums.grad).reshape(-1)
     d_ref = np.linalg.solve(H, g)
-    RH, d, gap = coupled_target(obj, st, sums.grad, sums.S)
+    # the default: an inexact Newton step (CG to relative residual 1e-3), whose predicted gain
+    # is a lower bound on the exact mean share ½ gᵀĤ⁻¹g, with an error of second order
+    d_def, share_def = obj.newton_direction(st, sums.grad, precision_chol(sums.S), sums.rows_h)
+    exact_share = 0.5 * g @ d_ref
+    assert exact_share * (1 - 1e-5) <= float(share_def) <= exact_share * (1 + 1e-12), (share_def, exact_share)
+    assert np.linalg.norm(np.asarray(d_def).reshape(-1) - d_ref) <= 1e-2 * np.linalg.norm(d_ref)
+    # solved to 1e-12, with the rows' curvatures from the pass and recomputed
+    obj.newton_rtol = 1e-12
+    RH, d, gap = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h)
     np.testing.assert_allclose(np.asarray(d).reshape(-1), d_ref, rtol=1e-8, atol=1e-10 * np.abs(d_ref).max())
+    _, d2, _ = coupled_target(obj, st, sums.grad, sums.S)
+    np.testing.assert_allclose(np.asarray(d2), np.asarray(d), rtol=1e-10, atol=1e-12 * np.abs(d_ref).max())
     # the gap's covariance share is the per-latent one: remove it via the uncoupled estimate
     obj.coupled = False
     from gpvi.engines._common import estimated_gap

@@ -135,3 +135,65 @@ def test_unfactorisable_prior_raises_a_clear_error(rng):
                   gpvi.GP(kernel=Negated(), likelihood=L.Poisson())):
         with pytest.raises(np.linalg.LinAlgError, match="Cholesky of K"):
             gpvi.fit(model, X, y)
+
+
+def test_full_gp_training_projection_matches_dense_numpy(rng):
+    # A full GP's cached projections of its own training rows are gathered from Lᵀ
+    # (GP.training_projection), chunks padded with copies of row 0; against the dense
+    # computation with a_i = row i of L, and against projections recomputed per chunk by the
+    # triangular solve L⁻¹ K(X, x_i) (cache_bytes=0).
+    from scipy.special import gammaln
+
+    N = 301
+    X = rng.uniform(-2, 2, (N, 2))
+    y = rng.poisson(2.0, size=N)
+    k = gpvi.kernels.RBF(variance=0.8, lengthscale=0.3)  # K(X, X) well conditioned (~1e8)
+    model = gpvi.GP(k, L.Poisson(), mean=0.3)
+    obj = gpvi.Objective(model, X, y, chunk_size=128)
+    assert obj.cached and obj.chunks.mask.size > N  # padded
+    m = rng.normal(size=N) * 0.3
+    B = rng.normal(size=(N, N)) / np.sqrt(N)
+    C = np.linalg.cholesky(0.4 * np.eye(N) + 0.1 * B @ B.T)
+    sums = obj.sums(gpvi.State(m, C))
+    K = np.asarray(k(X, X))
+    Lk = np.linalg.cholesky(K + 1e-8 * np.mean(np.diag(K)) * np.eye(N))
+    V = C @ C.T
+    mi = Lk @ m + 0.3
+    vi = np.einsum("ij,jk,ik->i", Lk, V, Lk)
+    lam = -np.exp(mi + vi / 2)
+    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
+    kl = 0.5 * (np.trace(V) + m @ m - N - np.linalg.slogdet(V)[1])
+    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-11)
+    np.testing.assert_allclose(np.asarray(sums.grad), Lk.T @ (y + lam) - m, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(sums.S), (Lk * lam[:, None]).T @ Lk, rtol=1e-9, atol=1e-9)
+    rec = gpvi.Objective(model, X, y, chunk_size=128, cache_bytes=0)
+    assert not rec.cached
+    _same_sums(rec.sums(gpvi.State(m, C)), sums)
+
+
+def test_multilatent_full_gp_training_projection_matches_recomputed(rng):
+    # the same gather for two full-GP latents (one kernel each), against the solve per chunk
+    from gpvi.multilatent import MultiLatent
+    from gpvi.softmax import Softmax
+
+    N = 151  # 3 chunks of 51 rows, 2 of them padding
+    X = rng.uniform(-2, 2, (N, 2))
+    y = (X[:, 0] > 0).astype(float)
+    model = MultiLatent.full([gpvi.kernels.RBF(lengthscale=0.3), gpvi.kernels.Matern52(lengthscale=0.5)],
+                             Softmax(num_classes=2), mean=[0.0, 0.4])
+    obj = gpvi.Objective(model, X, y, chunk_size=64)
+    assert obj.cached and obj.coupled and obj.chunks.mask.size > N
+    m = rng.normal(size=(2, N)) * 0.3
+    B = rng.normal(size=(N, N)) / np.sqrt(N)
+    C1 = np.linalg.cholesky(0.4 * np.eye(N) + 0.1 * B @ B.T)
+    state = gpvi.State(m, np.stack([C1, 0.5 * C1]))
+    sums = obj.sums(state)
+    assert sums.rows_h.shape == obj.chunks.mask.shape + (2, 2)
+    _same_sums(gpvi.Objective(model, X, y, chunk_size=64, cache_bytes=0).sums(state), sums)
+
+
+def _same_sums(a, b):
+    np.testing.assert_allclose(float(a.vlb), float(b.vlb), rtol=1e-11)
+    for x, y in ((a.grad, b.grad), (a.S, b.S)):
+        x, y = np.asarray(x), np.asarray(y)
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-9 * np.abs(y).max())

@@ -76,6 +76,17 @@ def _finite_1d(y, name="y"):
     return y
 
 
+def mean_hessians_by_autodiff(lik, y, m, v):
+    """``∂²E_i/∂m_i∂m_iᵀ`` (n, Q, Q) of ``lik.expected_log_prob`` at rows ``m, v`` (n, Q).
+    ``E_i`` depends on row i alone, so the Hessian of ``Σ_i E_i`` is block diagonal and Q
+    forward-over-reverse products give every row's block at once (exact for any
+    ``expected_log_prob`` written over a chunk, Monte Carlo with common random numbers included).
+    """
+    grad = jax.grad(lambda mm: jnp.sum(lik.expected_log_prob(y, mm, v)))
+    cols = [jax.jvp(grad, (m,), (jnp.zeros_like(m).at[:, q].set(1.0),))[1] for q in range(m.shape[1])]
+    return jnp.stack(cols, axis=-1)
+
+
 class Likelihood(Module):
     """Base class of observation models; see the module docstring for the contract.
 
@@ -120,6 +131,16 @@ class Likelihood(Module):
 
         (_, e), (dm, dv) = jax.value_and_grad(total, argnums=(0, 1), has_aux=True)(m, v)
         return e, dm, 2.0 * dv
+
+    def moments_and_mean_hessians(self, y, m, v):
+        """``(E, ρ, λ, h)`` of a likelihood with Q > 1 latents per row, at rows ``m, v`` (n, Q):
+        :meth:`variational_moments` and each row's ``h_i = ∂²E_i/∂m_i∂m_iᵀ`` (n, Q, Q), the
+        curvature that couples the latents' means (see :func:`gpvi.objective._coupled_direction`).
+
+        By automatic differentiation of :meth:`expected_log_prob` unless a subclass gives closed
+        forms (:class:`gpvi.softmax.Softmax`)."""
+        E, rho, lam = self.variational_moments(y, m, v)
+        return E, rho, lam, mean_hessians_by_autodiff(self, y, m, v)
 
     def quadrature_moments(self, y, m, v):
         """``(E, ρ, λ)`` by Gauss–Hermite quadrature of ``log p`` and its first two

@@ -128,6 +128,12 @@ class MultiLatent(Model):
         parts = [l.project(pc, Xc) for l, pc in zip(self.latents, cache)]
         return tuple(jnp.stack(t) for t in zip(*parts))
 
+    def training_projection(self, cache):
+        parts = [l.training_projection(pc) for l, pc in zip(self.latents, cache)]
+        if any(p is None for p in parts):
+            return None
+        return tuple(jnp.stack(t) for t in zip(*parts))
+
     def pass_cache(self, cache):
         return tuple(l.pass_cache(pc) for l, pc in zip(self.latents, cache))
 

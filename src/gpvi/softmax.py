@@ -95,11 +95,57 @@ class Softmax(Likelihood):
         Z, _ = self._nodes()
         return m[..., None, :] + jnp.sqrt(v)[..., None, :] * Z
 
-    def expected_log_prob(self, y, m, v):
-        _, W = self._nodes()
-        lse = jax.scipy.special.logsumexp(self._latents(m, v), axis=-1)
+    def _at_nodes(self, y, m, v):
+        """``E`` and the unnormalised softmax ``e^{f_c − max}`` with its total at the nodes,
+        class by class over (…, P) arrays: on XLA:CPU the same sums over (n, P, C) arrays (a
+        reduction over a minor axis of length C) took 3× longer (USPS, n = 1233, C = 3,
+        P = 1000: 6 against 21 ms for E; 21 against 40 ms for the moments and 27 against
+        134 ms with ``h`` by automatic differentiation)."""
+        Z, W = self._nodes()
+        s = jnp.sqrt(v)
+        fs = [m[..., c, None] + s[..., c, None] * Z[:, c] for c in range(self.num_classes)]  # (…, P)
+        mx = fs[0]
+        for f in fs[1:]:
+            mx = jnp.maximum(mx, f)
+        es = [jnp.exp(f - mx) for f in fs]
+        tot = sum(es[1:], es[0])
         idx = jnp.asarray(y).astype(jnp.int32)
-        return jnp.take_along_axis(m, idx[..., None], axis=-1)[..., 0] - lse @ W
+        E = jnp.take_along_axis(m, idx[..., None], axis=-1)[..., 0] - (mx + jnp.log(tot)) @ W
+        return E, es, tot
+
+    def expected_log_prob(self, y, m, v):
+        return self._at_nodes(y, m, v)[0]
+
+    def _moments(self, y, m, v, hessians: bool):
+        """``(E, ρ, λ)``, and ``h`` with ``hessians``, from one softmax ``π`` at the nodes."""
+        Z, W = self._nodes()
+        C = self.num_classes
+        E, es, tot = self._at_nodes(y, m, v)
+        ps = [e / tot for e in es]
+        Ep = jnp.stack([p @ W for p in ps], axis=-1)
+        lam = -jnp.stack([p @ (Z[:, c] * W) for c, p in enumerate(ps)], axis=-1) / jnp.sqrt(v)
+        rho = (jnp.arange(C) == jnp.asarray(y).astype(jnp.int32)[..., None]).astype(m.dtype) - Ep
+        if not hessians:
+            return E, rho, lam
+        pw = [p * W for p in ps]
+        Epp = {(q, r): jnp.sum(pw[q] * ps[r], axis=-1) for q in range(C) for r in range(q, C)}
+        h = jnp.stack([jnp.stack([Epp[min(q, r), max(q, r)] for r in range(C)], -1) for q in range(C)], -2)
+        return E, rho, lam, h - Ep[..., None] * jnp.eye(C, dtype=m.dtype)
+
+    def variational_moments(self, y, m, v):
+        """``(E, ρ, λ)`` in closed form: the exact derivatives of the product rule of
+        :meth:`expected_log_prob` (``∂ lse/∂f = π``, the softmax at each node), so they agree
+        with automatic differentiation of it to rounding, without a backward pass:
+
+            ρ_c = [y = c] − Σ_p w_p π_pc,      λ_c = 2 ∂E/∂v_c = −Σ_p w_p π_pc z_pc / √v_c.
+        """
+        return self._moments(y, m, v, hessians=False)
+
+    def moments_and_mean_hessians(self, y, m, v):
+        """As :meth:`variational_moments`, with each row's curvature in the means,
+        ``h = −Σ_p w_p (diag π_p − π_p π_pᵀ)`` (n, C, C): the exact second derivative of the
+        product rule, from the same softmax at the nodes."""
+        return self._moments(y, m, v, hessians=True)
 
     def predict_proba(self, m, v):
         """Predictive class probabilities ``E[softmax(f)]`` (n, C) under ``f ~ N(m, diag v)``."""

@@ -45,8 +45,10 @@ def _mean(model):
 
 @jax.jit
 def _carry(L_old, L_new, mu_old, mu_new, state):
-    T = solve_triangular(L_new, L_old, lower=True)
-    shift = solve_triangular(L_new, jnp.full(L_new.shape[0], mu_old - mu_new), lower=True)
+    # one solve for both right-hand sides: [T | shift] = L_new⁻¹ [L_old | (μ_old − μ_new)·1]
+    d = L_new.shape[0]
+    Ts = solve_triangular(L_new, jnp.concatenate([L_old, jnp.full((d, 1), mu_old - mu_new)], axis=1), lower=True)
+    T, shift = Ts[:, :d], Ts[:, d]
     chol = T @ state.chol
     # keep the factor lower triangular with a positive diagonal (T is lower triangular)
     return State(T @ state.mean + shift, jnp.tril(chol))

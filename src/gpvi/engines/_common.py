@@ -89,19 +89,21 @@ def transposed(X):
     return jax.lax.optimization_barrier(X.T)
 
 
-def _gap_from_factor(state: State, grad, RH, direction=None):
-    """See :func:`estimated_gap`; ``RH`` is the reversed Cholesky factor of ``H = I − S``.
-    With ``direction`` (the joint Newton direction of coupled latents, see
-    :meth:`gpvi.objective.Objective.newton_direction`) the mean's share is ``½ gᵀ d``."""
-    d = grad.shape[0]
-    if direction is None:
-        z = solve_triangular(RH, grad[::-1], lower=True)  # RH⁻¹ J g, so zᵀz = gᵀ H⁻¹ g
-        mean_part = z @ z
-    else:
-        mean_part = grad @ direction
+def _gap_from_factor(state: State, grad, RH):
+    """See :func:`estimated_gap`; ``RH`` is the reversed Cholesky factor of ``H = I − S``."""
+    z = solve_triangular(RH, grad[::-1], lower=True)  # RH⁻¹ J g, so zᵀz = gᵀ H⁻¹ g
+    return _clean_gap(0.5 * (z @ z) + _covariance_gap(state, RH))
+
+
+def _covariance_gap(state: State, RH):
+    """The covariance's share of :func:`estimated_gap`, ``½ [tr(H V) − log det(H V) − d]``."""
+    d = state.mean.shape[-1]
     B = transposed(RH) @ state.chol[::-1]  # tr(H V) = ‖RHᵀ J L‖²_F
     logdet_HV = 2.0 * (jnp.sum(jnp.log(jnp.diag(RH))) + jnp.sum(jnp.log(jnp.abs(jnp.diag(state.chol)))))
-    gap = 0.5 * mean_part + 0.5 * (jnp.sum(B * B) - logdet_HV - d)
+    return 0.5 * (jnp.sum(B * B) - logdet_HV - d)
+
+
+def _clean_gap(gap):
     # tr(HV) − log det(HV) − d ≥ 0 exactly; rounding can leave −1e-13·d.  Not finite (H not
     # positive definite: far from the optimum of a likelihood that is not log-concave): +inf.
     return jnp.where(jnp.isfinite(gap), jnp.maximum(gap, 0.0), jnp.inf)
@@ -153,7 +155,7 @@ def objective_gap(objective, state: State, sums) -> float:
     """:func:`estimated_gap` at ``state`` from its sums, with the joint Newton direction where the
     objective's latent blocks are coupled."""
     if getattr(objective, "coupled", False):
-        return coupled_target(objective, state, sums.grad, sums.S)[2]
+        return coupled_target(objective, state, sums.grad, sums.S, sums.rows_h)[2]
     return float(estimated_gap(state, sums.grad, sums.S)[0])
 
 
@@ -264,12 +266,14 @@ def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=T
 
 
 @jax.jit
-def _coupled_gap(state: State, grad, RH, direction):
-    """:func:`estimated_gap` of Q coupled latent blocks with the joint Newton ``direction``."""
-    return jnp.sum(jax.vmap(_gap_from_factor)(state, grad, RH, direction))
+def _coupled_gap(state: State, RH, mean_gain):
+    """:func:`estimated_gap` of Q coupled latent blocks: the gain ``mean_gain`` of the joint
+    Newton step of the means (:meth:`gpvi.objective.Objective.newton_direction`) plus the
+    blocks' covariance shares."""
+    return _clean_gap(mean_gain + jnp.sum(jax.vmap(_covariance_gap)(state, RH)))
 
 
-def coupled_target(objective, state: State, grad, S):
+def coupled_target(objective, state: State, grad, S, rows_h=None):
     """``(RH, d, gap)`` for an objective whose latent blocks the likelihood couples
     (``objective.coupled``): the per-latent precision factors, the joint Newton direction of the
     means and the estimated gap with the mean's share ``½ gᵀ d``.  ``d`` is ``None`` (and the gap
@@ -277,8 +281,8 @@ def coupled_target(objective, state: State, grad, S):
     RH = precision_chol(S)
     if not _finite(RH):
         return RH, None, float("inf")
-    d = objective.newton_direction(state, grad, RH)
-    return RH, d, float(_coupled_gap(state, grad, RH, d))
+    d, mean_gain = objective.newton_direction(state, grad, RH, rows_h)
+    return RH, d, float(_coupled_gap(state, RH, mean_gain))
 
 
 @jax.jit
@@ -346,7 +350,7 @@ class SafeguardedAscent:
             return precision_chol(self.objective.sums(state, clip_gamma=True).S), None
         self.direction = None
         if update_mean and getattr(self.objective, "coupled", False):
-            RH, d, gap = coupled_target(self.objective, state, sums.grad, sums.S)
+            RH, d, gap = coupled_target(self.objective, state, sums.grad, sums.S, sums.rows_h)
             self.gap, self.direction = gap, d
             prop = None if d is None else natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, d)
         else:
