@@ -197,3 +197,50 @@ def _same_sums(a, b):
     for x, y in ((a.grad, b.grad), (a.S, b.S)):
         x, y = np.asarray(x), np.asarray(y)
         np.testing.assert_allclose(x, y, rtol=0, atol=1e-9 * np.abs(y).max())
+
+
+@pytest.mark.parametrize("kind", ["glm", "sparse_cached", "sparse_raw", "full_gp", "two_latents", "clipped"])
+def test_trace_of_SV_from_the_pass_matches_the_dense_product(rng, kind):
+    # Sums.trSV = Σ λ_i a_iᵀ V a_i comes from the marginal variances of the pass (in the raw
+    # features of a recomputed sparse GP: Σ λ aᵀ(V − I)a + tr S); against tr(S V) formed
+    # densely, and the gap estimate with it against the one by the d×d×d product.
+    import jax.numpy as jnp
+
+    from gpvi.engines._common import estimated_gap
+    from gpvi.multilatent import MultiLatent
+    from gpvi.softmax import Softmax
+
+    N, D = 203, 2
+    X = rng.uniform(-2, 2, (N, D))
+    y = rng.poisson(2.0, size=N).astype(float)
+    k = gpvi.kernels.RBF(variance=0.8, lengthscale=0.7)
+    cache, clip, Q = 2**30, False, None
+    if kind == "glm":
+        model = gpvi.GLM(likelihood=L.Poisson(), prior_variance=0.7)
+    elif kind in ("sparse_cached", "sparse_raw"):
+        model = gpvi.SparseGP(k, L.Poisson(), inducing=X[:17], mean=0.2)
+        cache = 0 if kind == "sparse_raw" else cache
+    elif kind == "full_gp":
+        model = gpvi.GP(k, L.Poisson(), mean=0.2)
+    elif kind == "two_latents":
+        y = (X[:, 0] > 0).astype(float)
+        model, Q = MultiLatent.full([k, gpvi.kernels.Matern52(lengthscale=0.5)], Softmax(num_classes=2)), 2
+    else:  # Student-t: some λ_i > 0, clipped to 0 in S and in tr(S V) alike
+        y = rng.standard_t(2.0, size=N) * 3.0
+        model, clip = gpvi.SparseGP(k, L.StudentT(df=3.0, scale=0.3), inducing=X[:17]), True
+    obj = gpvi.Objective(model, X, y, chunk_size=64, cache_bytes=cache)
+    d = obj.dim
+    shape = (Q, d) if Q else (d,)
+    B = rng.normal(size=shape + (d,)) / np.sqrt(d)
+    C = np.linalg.cholesky(0.3 * np.eye(d) + 0.2 * B @ np.swapaxes(B, -1, -2))
+    state = gpvi.State(jnp.asarray(rng.normal(size=shape) * 0.3), jnp.asarray(C))
+    sums = obj.sums(state, clip_gamma=clip)
+    assert sums.trSV is not None and obj.cached == (cache > 0)
+    if clip:  # some λ_i > 0 were clipped
+        assert np.abs(np.asarray(obj.sums(state).trSV) - np.asarray(sums.trSV)) > 1e-3
+    S, V = np.asarray(sums.S), C @ np.swapaxes(C, -1, -2)
+    np.testing.assert_allclose(np.asarray(sums.trSV), np.einsum("...ij,...ji->...", S, V), rtol=1e-10, atol=1e-10)
+    with_pass = float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
+    dense = float(estimated_gap(state, sums.grad, sums.S)[0])
+    assert np.isfinite(dense) and dense > 0
+    np.testing.assert_allclose(with_pass, dense, rtol=1e-9)

@@ -57,6 +57,9 @@ class Sums(NamedTuple):
     #: zero on padding; only for latents that the likelihood couples (``Objective.coupled``),
     #: where the joint Newton direction needs it (:func:`_coupled_direction`).  Else ``None``.
     rows_h: jax.Array | None = None
+    #: ``tr(S V)`` (per latent), from the pass's marginal variances (``Σ λ_i a_iᵀ V a_i``), for
+    #: the gap estimate; ``None`` where the sums were not taken by :meth:`Objective.sums`.
+    trSV: jax.Array | None = None
 
 
 class Chunks(NamedTuple):
@@ -321,16 +324,18 @@ def split_gram(S, k: int) -> tuple:
 
 
 def _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw):
-    """``(A, m, v)`` of one chunk: the rows its sums are taken over, in row blocks (the
-    projections, or the raw features ``F`` of a factored model when ``raw``), and the
-    latents' means and variances under q (``W`` from :func:`_stacked` or :func:`_raw_operator`)."""
+    """``(A, m, v, v0)`` of one chunk: the rows its sums are taken over, in row blocks (the
+    projections, or the raw features ``F`` of a factored model when ``raw``), the latents'
+    means and variances under q (``W`` from :func:`_stacked` or :func:`_raw_operator`), and the
+    part of the variances that q does not set: ``v − v0 = a_iᵀ V a_i`` (``v0 = c``), or
+    ``a_iᵀ (V − I) a_i`` when ``raw`` (``v0 = k``)."""
     if raw:
         F, b, k = model.raw_features(ch.X)
         F = split_rows(F, blocks)
-        return (F, *_raw_marginals(F, b, k, ch.offset, W))
+        return (F, *_raw_marginals(F, b, k, ch.offset, W), k)
     A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
     m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
-    return A, m, v
+    return A, m, v, c
 
 
 def _pass_setup(model, prior, state, cached):
@@ -344,11 +349,17 @@ def _pass_setup(model, prior, state, cached):
     return Q, raw, pcache, W
 
 
-def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False, want_rows=False):
+def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False, want_rows=False,
+          want_trace=False):
     """The raw partial sums of one pass over ``chunks``: ``(Σ E_i, Σ ρ_i a_i, lower row blocks of
-    Σ λ_i a_i a_iᵀ)`` (the last an empty tuple without ``want_hessian``).  With ``want_rows``
-    (latents coupled by the likelihood), also every row's curvature in the means, (C, n, Q, Q):
-    per row, not a sum, so only for a pass over all chunks at once (:meth:`Objective.sums`).
+    Σ λ_i a_i a_iᵀ)`` (the last an empty tuple without ``want_hessian``).
+
+    With ``want_rows`` or ``want_trace`` the result is ``(sums, extras)``, ``extras`` a dict
+    with ``"rows_h"``, every row's curvature in the means of latents coupled by the likelihood
+    (C, n, Q, Q): per row, not a sum, so only for a pass over all chunks at once
+    (:meth:`Objective.sums`); and ``"trSV"``, ``tr(S V) = Σ λ_i a_iᵀ V a_i`` (per latent), read
+    off the marginal variances the pass computes anyway, so that the gap estimate needs no
+    d×d×d product (:func:`gpvi.engines._common.estimated_gap`).
 
     Partial sums over disjoint sets of chunks add up (:func:`add_partials`) to the sums over
     their union; :func:`finish_sums` turns the total into :class:`Sums`.  This is the unit of
@@ -365,9 +376,9 @@ def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
     Q, raw, pcache, W = _pass_setup(model, prior, state, cached)
 
     def body(carry, xs):
-        sE, g, S = carry
+        sE, g, S, tSV = carry
         ch, pr = xs
-        A, m, v = _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw)
+        A, m, v, v0 = _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw)
         keep = ch.mask > 0
         if want_rows:
             E, rho, lam, h = latent_moments_of_rows(lik, ch.y, m, v, Q, hessians=True)
@@ -381,22 +392,33 @@ def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_
             w = jnp.minimum(lam, 0.0) if clip_gamma else lam
             P, Arho = per_latent(block_gram, Q, A, w, rho)
             S = tuple(s + t for s, t in zip(S, P))
+            if want_trace:
+                tSV = tSV + jnp.sum(w * (v - v0), axis=-1)
         else:
             Arho = per_latent(block_matvec, Q, A, rho)
-        return (sE, g + Arho, S), h
+        return (sE, g + Arho, S, tSV), h
 
     zero_S = ()
     if want_hessian:
         zero_S = zero_gram(d, blocks)
         if Q:
             zero_S = tuple(jnp.zeros((state.mean.shape[0],) + z.shape, z.dtype) for z in zero_S)
-    init = (jnp.zeros(()), jnp.zeros(state.mean.shape), zero_S)
-    (sE, g, S), rows_h = jax.lax.scan(body, init, (chunks, proj))
+    init = (jnp.zeros(()), jnp.zeros(state.mean.shape), zero_S, jnp.zeros(state.mean.shape[:-1]))
+    (sE, g, S, tSV), rows_h = jax.lax.scan(body, init, (chunks, proj))
     if raw:  # back from the raw features: Σ ρ a = T Σ ρ f, Σ λ a aᵀ = T (Σ λ f fᵀ) Tᵀ
         g = pcache @ g
         if want_hessian:
-            S = split_gram(pcache @ assemble_gram(S, blocks) @ pcache.T, blocks)
-    return (sE, g, S, rows_h) if want_rows else (sE, g, S)
+            S_full = pcache @ assemble_gram(S, blocks) @ pcache.T
+            S = split_gram(S_full, blocks)
+            tSV = tSV + jnp.trace(S_full)  # Σ λ aᵀ(V − I)a + Σ λ aᵀa
+    if not (want_rows or want_trace):
+        return sE, g, S
+    extras = {}
+    if want_rows:
+        extras["rows_h"] = rows_h
+    if want_trace and want_hessian:
+        extras["trSV"] = tSV
+    return (sE, g, S), extras
 
 
 def finish_sums(partial_sums, state, blocks, want_hessian):
@@ -431,10 +453,11 @@ def add_partials(parts):
 
 @partial(jax.jit, static_argnames=("cached", "blocks", "want_hessian", "clip_gamma", "want_rows"))
 def _sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False, want_rows=False):
-    """``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)`` over all chunks (the fields of :class:`Sums`),
-    and with ``want_rows`` the rows' curvatures in the means."""
-    out = _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma, want_rows)
-    return finish_sums(out[:3], state, blocks, want_hessian) + tuple(out[3:])
+    """:class:`Sums` over all chunks: ``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)``, with
+    ``want_hessian`` also ``tr(S V)``, and with ``want_rows`` the rows' curvatures in the means."""
+    sums, extras = _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma, want_rows,
+                         want_trace=True)
+    return Sums(*finish_sums(sums, state, blocks, want_hessian), **extras)
 
 
 def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
@@ -444,7 +467,7 @@ def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
 
     def body(sE, xs):
         ch, pr = xs
-        _, m, v = _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw)
+        _, m, v, _ = _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw)
         E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return sE + jnp.sum(jnp.where(ch.mask > 0, E, 0.0)), None
 
@@ -640,8 +663,8 @@ class Objective:
     def sums(self, state: State, want_hessian: bool = True, clip_gamma: bool = False) -> Sums:
         """The VLB with its derivatives at ``state`` (see :class:`Sums`)."""
         self.num_evaluations += 1
-        return Sums(*_sums(self.model, self.prior, self.chunks, self.proj, state, self.cached,
-                           self.blocks, want_hessian, clip_gamma, want_hessian and self.coupled))
+        return _sums(self.model, self.prior, self.chunks, self.proj, state, self.cached,
+                     self.blocks, want_hessian, clip_gamma, want_hessian and self.coupled)
 
     def vlb(self, state: State):
         """The variational lower bound in nats, summed over the data."""
@@ -658,31 +681,38 @@ class Objective:
             )
 
 
-def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: State, blocks: int):
+def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: State, blocks: int, proj=None):
     """``Σ E_i`` over ``chunks`` recomputed from ``model`` and its ``prior`` cache, differentiable
     in both; each chunk is rematerialised in the backward pass (``jax.checkpoint``), so the
-    gradient takes O(chunk·d + d²) memory like the forward pass."""
+    gradient takes O(chunk·d + d²) memory like the forward pass.  ``proj``: the chunks'
+    projections computed from ``prior`` already (:func:`training_chunks`), else each chunk's
+    are computed in turn."""
     lik = model.likelihood
     Q = is_batched(state)
     W = per_latent(_stacked, Q, state)
-    pcache = model.pass_cache(prior)
+    pcache = None if proj is not None else model.pass_cache(prior)
 
     @jax.checkpoint
-    def chunk_E(ch):
-        A, b, c = pass_projection(model, pcache, ch, None, False, blocks)
+    def chunk_E(ch, pr):
+        A, b, c = pass_projection(model, pcache, ch, pr, proj is not None, blocks)
         m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
         E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
 
-    sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
+    pr = jnp.zeros(chunks.mask.shape[:1]) if proj is None else proj
+    sE, _ = jax.lax.scan(lambda s, xs: (s + chunk_E(*xs), None), jnp.zeros(()), (chunks, pr))
     return sE
 
 
 def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State, blocks: int | None = None):
-    """VLB recomputed from scratch for ``model`` (differentiable in its parameters); memory as
-    :func:`expected_in_hyperparameters`."""
+    """VLB recomputed from scratch for ``model`` (differentiable in its parameters) on the
+    chunks of its training inputs ``X`` (as an :class:`Objective` makes them); memory as
+    :func:`expected_in_hyperparameters`.  A full GP's projections are gathered from ``Lᵀ``
+    (:func:`training_chunks`), so its gradient does not differentiate a triangular solve."""
     k = num_blocks(state.mean.shape[-1]) if blocks is None else blocks
-    sE = expected_in_hyperparameters(model, model.prior_cache(X), chunks, state, k)
+    prior = model.prior_cache(X)
+    proj = training_chunks(model, prior, X, chunks.X, k)
+    sE = expected_in_hyperparameters(model, prior, chunks, state, k, proj)
     return sE - kl_state(state)
 
 

@@ -52,14 +52,14 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             break
         out = cov_guard.step(state, sums, update_mean=False)
         if out is None:
-            gap = float(estimated_gap(state, sums.grad, sums.S)[0])
+            gap = float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
             message = stalled_message(gap, sums.vlb)
             clock.tick(sums.vlb, it)
             break
         state, sums, alpha = out
         clock.tick(sums.vlb, it)
     else:
-        gap = float(estimated_gap(state, sums.grad, sums.S)[0])
+        gap = float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,
                         mean_guard.backtracks + cov_guard.backtracks,
                         mean_guard.cycles + cov_guard.cycles, objective.num_evaluations,

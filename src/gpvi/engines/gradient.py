@@ -88,7 +88,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     def gap_at(x, f):
         """The estimated gap at x, from the sums of its evaluation when it was the last one."""
         if "x" in memo and np.array_equal(memo["x"], x):
-            return float(estimated_gap(memo["state"], memo["sums"].grad, memo["sums"].S)[0])
+            return float(estimated_gap(memo["state"], memo["sums"].grad, memo["sums"].S, memo["sums"].trSV)[0])
         return final_gap(objective, _unpack(d, jnp.asarray(x)))
 
     x0 = np.asarray(_pack(state))
