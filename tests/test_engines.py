@@ -332,3 +332,27 @@ def test_fpi_clips_gamma_when_the_target_precision_is_indefinite_and_still_reach
     assert fp.clipped > 0 and fp.converged
     assert fp.vlb >= gr.vlb - 1e-6 * abs(gr.vlb)
     assert np.all(np.diff(fp.trace[:, 1]) >= -1e-9 * abs(fp.vlb))  # never lower than before
+
+
+def test_fpi_switches_to_the_papers_order_when_accepted_joint_steps_are_slow(monkeypatch):
+    """A logistic GP with a large kernel variance: fpi's joint steps are all accepted but shrink
+    the gap slowly; after SLOW_RUN such steps fpi takes the paper's order (Newton on the mean,
+    then the fixed point of the covariance) and reaches the same optimum in fewer passes."""
+    from gpvi import kernels
+    from gpvi.engines import fpi
+
+    rng = np.random.default_rng(0)
+    N = 80
+    X = rng.uniform(-3, 3, (N, 1))
+    y = (np.sin(2 * X[:, 0]) + 0.3 * rng.normal(size=N) > 0).astype(float)
+    model = gpvi.GP(kernels.RBF(variance=10.0, lengthscale=0.3), L.Bernoulli())
+    runs = {}
+    for rule in ("on", "off"):
+        if rule == "off":
+            monkeypatch.setattr(fpi, "SLOW_RUN", 10**6)
+        runs[rule] = fpi.run(gpvi.Objective(model, X, y), gpvi.prior_state(N), tol=1e-9, max_iter=500)
+        assert runs[rule].converged, runs[rule].message
+    assert runs["on"].extras.get("sequential_because") == "slow steps"
+    assert "sequential_from" not in runs["off"].extras and runs["off"].backtracks == 0  # never rejected
+    assert runs["on"].evaluations < 0.6 * runs["off"].evaluations, (runs["on"].evaluations, runs["off"].evaluations)
+    assert abs(runs["on"].vlb - runs["off"].vlb) <= 1e-9 * abs(runs["off"].vlb)

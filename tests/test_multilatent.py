@@ -180,6 +180,9 @@ def test_coupled_mean_steps_converge_in_a_few_iterations_where_per_latent_steps_
         runs[coupled] = fpi.run(obj, prior_state(60, 3), tol=1e-9)
         assert runs[coupled].converged, runs[coupled].message
     assert runs[True].iterations <= 10 < runs[False].iterations, (runs[True].iterations, runs[False].iterations)
+    # the coupled run takes the paper's order (two passes an iteration) from its second iteration
+    assert runs[True].extras.get("sequential_from") == 2
+    assert runs[True].evaluations < runs[False].evaluations, (runs[True].evaluations, runs[False].evaluations)
     assert runs[True].vlb >= runs[False].vlb - 1e-7 * abs(runs[False].vlb)
 
 
