@@ -3,33 +3,8 @@
 Importing gpvi switches JAX to float64 (``jax_enable_x64``): the fixed-point and Newton
 updates rely on double-precision Cholesky factorisations.  This is the one place where it
 is set.
-
-It also turns off XLA:CPU's concurrency-optimised scheduler (``XLA_FLAGS``), unless the
-variable already names that flag: with it, programs that run independent loops side by side
-(a batched triangular solve next to another, as in the warm start of several latents) stopped
-for good now and then, every thread idle (jax 0.10.2, 2 cores: a loop of 300 such calls hung
-within seconds in 3 of 3 runs, and finished in 3 of 3 with the flag off).  The flag takes
-effect only if gpvi is imported before JAX first runs a computation; a warning says so when
-it was imported later.
 """
-import os
-import warnings
-
-_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
-if _SCHEDULER_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + f" {_SCHEDULER_FLAG}=false").strip()
-    _flag_set_here = True
-else:
-    _flag_set_here = False
-
-import jax  # noqa: E402
-from jax._src import xla_bridge as _xb  # noqa: E402
-
-if _flag_set_here and _xb.backends_are_initialized():
-    warnings.warn("gpvi was imported after JAX had started its backend, so XLA_FLAGS could not turn off "
-                  "XLA:CPU's concurrency-optimised scheduler, with which a fit can hang now and then "
-                  f"(see gpvi's module docstring); import gpvi first or set XLA_FLAGS='{_SCHEDULER_FLAG}=false'",
-                  RuntimeWarning, stacklevel=2)
+import jax
 
 jax.config.update("jax_enable_x64", True)
 

@@ -45,7 +45,10 @@ def _mean(model):
 
 @jax.jit
 def _carry(L_old, L_new, mu_old, mu_new, state):
-    # one solve for both right-hand sides: [T | shift] = L_new⁻¹ [L_old | (μ_old − μ_new)·1]
+    # One solve for both right-hand sides, [T | shift] = L_new⁻¹ [L_old | (μ_old − μ_new)·1].
+    # Two separate solves, batched over the latents of a MultiLatent, made XLA:CPU (jax 0.10.2,
+    # 2 cores) stop for good now and then with every thread idle: a loop of such calls hung
+    # within seconds (d = 400–1233), as did USPS's hyperparameter search once in three runs.
     d = L_new.shape[0]
     Ts = solve_triangular(L_new, jnp.concatenate([L_old, jnp.full((d, 1), mu_old - mu_new)], axis=1), lower=True)
     T, shift = Ts[:, :d], Ts[:, d]
