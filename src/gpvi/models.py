@@ -37,6 +37,12 @@ __all__ = ["Model", "GLM", "GP", "SparseGP", "cholesky", "kl_standard_normal"]
 _MAX_JITTER_TRIES = 8
 
 
+def jitter_scale(K):
+    """``s``, the mean diagonal of ``K`` (at least the smallest normal float): the jitter that
+    :func:`cholesky` adds is ``j·s·I``."""
+    return jnp.maximum(jnp.mean(jnp.diag(K)), jnp.finfo(K.dtype).tiny)
+
+
 def cholesky(K, jitter):
     """Lower Cholesky factor of ``K + j·s·I`` with ``s`` the mean diagonal of K, and ``j·s``.
 
@@ -51,7 +57,7 @@ def cholesky(K, jitter):
     # autodiff gives the derivative of the function actually computed (j·s varies with the
     # kernel variance; freezing it biased full-GP hyperparameter gradients when K is
     # near-singular).
-    scale = jnp.maximum(jnp.mean(jnp.diag(K)), jnp.finfo(K.dtype).tiny)
+    scale = jitter_scale(K)
     j0 = jnp.asarray(jitter, K.dtype)
     L0 = jnp.linalg.cholesky(K + j0 * scale * eye)
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .models import GLM, Model, SparseGP, factored, kl_standard_normal
+from .models import GLM, GP, Model, SparseGP, factored, jitter_scale, kl_standard_normal
 
 __all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]
 
@@ -714,6 +714,62 @@ def vlb_in_hyperparameters(model: Model, X, chunks: Chunks, state: State, blocks
     proj = training_chunks(model, prior, X, chunks.X, k)
     sE = expected_in_hyperparameters(model, prior, chunks, state, k, proj)
     return sE - kl_state(state)
+
+
+def full_gp_latents(model) -> bool:
+    """Whether every latent function of ``model`` is a full GP (a ``GP``, or a MultiLatent of
+    them): then the data terms do not depend on the prior's parameters once ``q`` is held fixed
+    over the training latents, and :func:`vlb_envelope` gives the hypergradient."""
+    lats = getattr(model, "latents", None)
+    return all(type(l) is GP for l in lats) if lats is not None else type(model) is GP
+
+
+def vlb_envelope(model: Model, prior, chunks: Chunks, state: State, blocks: int, proj=None,
+                 likelihood: bool = True):
+    """A scalar whose gradient in ``model``'s parameters is the gradient of the VLB with ``q``
+    held fixed over the training latents ``f`` (function space), for models whose latents are
+    all full GPs (:func:`full_gp_latents`); ``prior`` is the model's prior cache (at the same
+    parameters), ``state`` the variational state in its whitened coordinates.
+
+    At the optimal ``q`` of the current parameters this is the gradient of the profile bound
+    ``max_q VLB`` (the envelope theorem: it does not matter in which coordinates ``q`` is held,
+    since ``∂VLB/∂q = 0`` there), which is what :func:`gpvi.fit` needs.  Held in function space,
+    ``E_q log p(y | f)`` depends on the parameters only through the likelihood's own, and
+    the KL term ``KL(N(m_f, S_f) ‖ N(μ, K))`` (``m_f = μ + L w``, ``S_f = L V Lᵀ``, ``K = L Lᵀ``
+    with its jitter) has the closed-form derivatives
+
+        ∂VLB/∂K = ½ L⁻ᵀ (V + w wᵀ − I) L⁻¹,     ∂VLB/∂μ = 1ᵀ L⁻ᵀ w,
+
+    so the gradient costs two triangular solves and one product per latent and the kernel's
+    own derivatives, instead of differentiating through the Cholesky factor and a pass of the
+    data (USPS 4-7-9, three latents of 1 233 rows: 0.3 against 1.4 s).  ``likelihood``: also
+    differentiate ``Σ E_i`` in the likelihood's parameters at the fixed marginals (one pass).
+    """
+    from jax.scipy.linalg import solve_triangular
+
+    sg = jax.lax.stop_gradient
+    Q = is_batched(state)
+    lats = model.latents if Q else (model,)
+    priors = prior if Q else (prior,)
+    means = state.mean if Q else state.mean[None]
+    chols = state.chol if Q else state.chol[None]
+    out = jnp.zeros(())
+    for q, (lat, (X, L, nugget)) in enumerate(zip(lats, priors)):
+        L, w, C = sg(L), sg(means[q]), sg(chols[q])
+        d = w.shape[0]
+        Vw = C @ C.T + jnp.outer(w, w) - jnp.eye(d, dtype=C.dtype)  # V + w wᵀ − I
+        Y = solve_triangular(L, Vw, lower=True, trans="T")  # L⁻ᵀ (V + w wᵀ − I)
+        B = solve_triangular(L, Y.T, lower=True, trans="T")  # … L⁻¹ (the middle factor is symmetric)
+        z = solve_triangular(L, w, lower=True, trans="T")  # K⁻¹ (m_f − μ) = L⁻ᵀ w
+        K = lat.kernel(X, X)
+        j = sg(nugget / jitter_scale(K))  # the jitter multiplier the factor used
+        K_eff = K + j * jitter_scale(K) * jnp.eye(d, dtype=K.dtype)
+        out = out + 0.5 * jnp.sum(B * K_eff) + lat.mean * jnp.sum(z)
+    if likelihood:
+        fixed = sg(model).replace(likelihood=model.likelihood)
+        out = out + expected_in_hyperparameters(fixed, sg(prior), chunks, state, blocks,
+                                                None if proj is None else sg(proj))
+    return out
 
 
 # ---- one minibatch, scaled (the stochastic engines: sfp, svi) ----------------------------------
