@@ -678,6 +678,12 @@ _neg_laplace_and_grad = jax.jit(jax.value_and_grad(_neg_laplace), static_argname
 INNER_TOL_CAP = 1e-2
 
 
+def _inner_tol(gain, vlb, tol, strict):
+    """Relative tolerance of the inner runs when a round of the search gains ``gain`` nats at a
+    bound of ``vlb``: a gap of 1e-3 of the gain, within [strict, max(tol, INNER_TOL_CAP)]."""
+    return min(max(tol, INNER_TOL_CAP), max(strict, 1e-2 * gain / max(1.0, abs(vlb))))
+
+
 def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size, counts, t0, cb,
            laplace=False, blockwise=False):
     """L-BFGS-B on the profile bound; returns (model, iterations, trace dict).
@@ -692,9 +698,9 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
     # padded rows share compiled programs (the block-wise path has its own fixed block shapes)
     Xj = jnp.asarray(X) if blockwise else prior_inputs(model, jnp.asarray(X), chunks)
     # Inner runs need only be as exact as the search's progress requires (issue 19): their gap
-    # threshold is 1e-3 of the bound's last gain between L-BFGS-B iterations, with a relative
-    # tol between tol·1e-3 (near the end) and INNER_TOL_CAP (early, while rounds gain many
-    # nats; the runs before the first round ends use tol).  A fixed tol·1e-3 made fpi crawl
+    # threshold is 1e-3 of the bound's last gain between L-BFGS-B iterations (of the gain the
+    # first step predicts in the first round), with a relative tol between tol·1e-3 (near the
+    # end) and INNER_TOL_CAP (early, while rounds gain many nats).  A fixed tol·1e-3 made fpi crawl
     # through hundreds of slowly contracting iterations per evaluation once the kernel variance
     # grew (banana, 1 300 rows, sparse logistic: 3 117 passes, two runs stopped at max_iter).
     strict = max(tol * 1e-3, 1e-13)
@@ -748,13 +754,16 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
 
     def record(intermediate_result):
         rows.append((time.perf_counter() - t0, traced(intermediate_result.x, float(intermediate_result.fun))))
-        gain = abs(rows[-1][1] - rows[-2][1])
-        inner["tol"] = min(max(tol, INNER_TOL_CAP), max(strict, 1e-2 * gain / max(1.0, abs(rows[-1][1]))))
+        inner["tol"] = _inner_tol(abs(rows[-1][1] - rows[-2][1]), rows[-1][1], tol, strict)
         cb(len(rows) - 1, rows[-1][1], rows[-1][0], shift=False)
 
     x0 = np.asarray(flat0)
     f0, g0 = fun(x0)
     first = {"x": x0.copy(), "out": (f0, g0)}
+    if np.isfinite(f0):
+        # L-BFGS-B's first trial step has unit length along −g: it predicts a gain of |g| nats,
+        # the scale for the inner runs of the first round (as the last gain is for later ones)
+        inner["tol"] = _inner_tol(float(np.linalg.norm(g0)), -f0, tol, strict)
 
     def fun_once(x):
         # L-BFGS-B's first call is at x0, which was just evaluated (an inner fit and a
