@@ -173,15 +173,17 @@ import faulthandler
 import jax, jax.numpy as jnp, numpy as np
 import gpvi
 from gpvi import warmstart
+from gpvi._batching import map_latents
 
 n = 400
 A = np.random.default_rng(0).standard_normal((n, n))
 L = jnp.asarray(np.linalg.cholesky(A @ A.T / n + np.eye(n)))
 Ls = jnp.stack([L] * 3)
 state = gpvi.State(jnp.zeros((3, n)), jnp.stack([jnp.eye(n)] * 3))
+carry = jax.jit(lambda *a: map_latents(warmstart._carry, *a))
 faulthandler.dump_traceback_later(60, exit=True)  # a hang exits with code 1
 for i in range(300):  # as warmstart.carry maps the state of three latents
-    out = jax.vmap(warmstart._carry)(Ls, Ls * (1.0 + 0.01 * i), jnp.zeros(3), jnp.zeros(3), state)
+    out = carry(Ls, Ls * (1.0 + 0.01 * i), jnp.zeros(3), jnp.zeros(3), state)
     assert bool(jnp.all(jnp.isfinite(out.chol)))
 print("finished")
 """
@@ -189,9 +191,9 @@ print("finished")
 
 @pytest.mark.slow
 def test_warm_start_of_several_latents_does_not_hang(tmp_path):
-    """With two separate triangular solves in ``warmstart._carry``, batched over three latents,
-    this loop made XLA:CPU stop for good with every thread idle (jax 0.10.2, 2 cores): it hung
-    within 10 s in 4 of 4 runs; with one solve for both right-hand sides it finishes in ~4 s."""
+    """``warmstart._carry`` over three latents as gpvi maps it (one unbatched solve per latent,
+    :mod:`gpvi._batching`): batched over the latents by ``jax.vmap``, this loop made XLA:CPU stop
+    for good with every thread idle (jax 0.10.2, 2 cores) within 10 s in 4 of 4 runs."""
     import subprocess
 
     script = tmp_path / "carry.py"

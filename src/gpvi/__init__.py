@@ -16,6 +16,7 @@ enable_persistent_cache()
 
 from . import diagnostics, engines, io, kernels, likelihoods, metrics  # noqa: E402
 from ._module import Module, param, static  # noqa: E402
+from ._watchdog import HangError, set_watchdog  # noqa: E402
 from .fit import FitResult, fit, learnable_parameters  # noqa: E402
 from .models import GLM, GP, Model, SparseGP  # noqa: E402
 from .objective import Objective, State, prior_state  # noqa: E402
@@ -52,5 +53,5 @@ __all__ = [
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
     "static", "io", "diagnostics", "stream", "fit_stream", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
     "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess", "multilatent", "MultiLatent",
-    "softmax", "Softmax",
+    "softmax", "Softmax", "HangError", "set_watchdog",
 ]

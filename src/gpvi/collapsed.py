@@ -41,6 +41,7 @@ from ._module import flatten_params, unflatten_params
 from .likelihoods import Gaussian
 from .models import GLM, GP, SparseGP
 from .objective import make_chunks
+from ._watchdog import paused
 
 __all__ = ["applies", "collapsed_bound", "learn"]
 
@@ -165,7 +166,8 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     def record(intermediate_result):  # scipy passes the OptimizeResult only under this name
         rows.append((time.perf_counter() - t0, -float(intermediate_result.fun)))
         if callback is not None:
-            callback(len(rows) - 1, rows[-1][1], rows[-1][0])
+            with paused():
+                callback(len(rows) - 1, rows[-1][1], rows[-1][0])
 
     x0 = np.asarray(flat0)
     f0, _ = fun(x0)

@@ -37,6 +37,7 @@ import numpy as np
 from .objective import (DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Chunks, Objective, Sums, _expected_pass, _pass,
                         add_partials, expected_in_hyperparameters, finish_sums, num_blocks, split_rows)
 from .sources import Source
+from ._watchdog import paused
 
 __all__ = ["InProcess", "DaskExecutor", "BlockObjective", "resolve_executor", "block_layout"]
 
@@ -318,7 +319,8 @@ class _DaskPlan:
             futs = [client.submit(_dask_partial, kind, b, args, pure=False, retries=self.ex.retries)
                     for b in self.blocks_f]
             try:
-                return client.gather(futs)
+                with paused():  # the work is done in the cluster's processes
+                    return client.gather(futs)
             except Exception as e:  # a lost worker can cancel a pass; rerun it, from re-read blocks if need be
                 if attempt == self.ex.retries or type(e).__name__ not in _RETRYABLE:
                     raise

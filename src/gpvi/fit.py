@@ -36,6 +36,7 @@ from .objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Objective, State, buc
     full_gp_latents, prior_inputs, prior_state, vlb_envelope, vlb_in_hyperparameters
 from .predict import latent_moments, likelihood_call
 from .sources import ArraySource, Source
+from ._watchdog import paused, watched
 
 __all__ = ["fit", "FitResult", "learnable_parameters"]
 
@@ -247,6 +248,7 @@ class _SharedBlasLimit:
 _BLAS_LIMIT = _SharedBlasLimit()
 
 
+@watched
 def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=False,
         learn_inducing: bool = False, tol: float = 1e-6, tol_nats: float | None = None, max_iter: int = 500,
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
@@ -400,7 +402,8 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
     def cb(iteration, vlb, seconds, shift=True):
         for f in (prog, callback):
             if f is not None:
-                f(iteration, vlb, seconds + (t_offset[0] if shift else 0.0))
+                with paused():
+                    f(iteration, vlb, seconds + (t_offset[0] if shift else 0.0))
 
     takes_gap = "tol_nats" in inspect.signature(run).parameters
 

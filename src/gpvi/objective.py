@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from ._batching import map_latents
 from .models import GLM, GP, Model, SparseGP, factored, jitter_scale, kl_standard_normal
 
 __all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]
@@ -85,8 +86,9 @@ def prior_state(d: int, num_latents: int | None = None) -> State:
 # ---- several latent functions --------------------------------------------------------------
 # A state whose mean is (Q, d) holds Q independent latent blocks (gpvi.multilatent): every
 # per-latent operation below is the single-latent one mapped over the leading axis with
-# jax.vmap, chosen at trace time from the static number of dimensions, so a single-latent model
-# runs exactly the program it always ran.  The likelihood sees each row's Q latents together.
+# map_latents (block by block, never a batched LAPACK call: see gpvi._batching), chosen at trace
+# time from the static number of dimensions, so a single-latent model runs exactly the program
+# it always ran.  The likelihood sees each row's Q latents together.
 
 
 def is_batched(state) -> bool:
@@ -96,13 +98,13 @@ def is_batched(state) -> bool:
 
 def per_latent(fn, batched: bool, *args):
     """``fn(*args)``, or mapped over the leading (latent) axis of every argument."""
-    return jax.vmap(fn)(*args) if batched else fn(*args)
+    return map_latents(fn, *args) if batched else fn(*args)
 
 
 def kl_state(state) -> jax.Array:
     """``KL(q || prior)`` summed over latent blocks (the prior is ``N(0, I)`` in each)."""
     if is_batched(state):
-        return jnp.sum(jax.vmap(kl_standard_normal)(state.mean, state.chol))
+        return jnp.sum(map_latents(kl_standard_normal, state.mean, state.chol))
     return kl_standard_normal(state.mean, state.chol)
 
 
@@ -531,7 +533,7 @@ def _coupled_direction(model, chunks, proj, state, grad, RH, rows_h=None, max_it
         return U - S
 
     def precond(R):
-        return jax.vmap(lambda f, r: jax.scipy.linalg.cho_solve((f, True), r[::-1])[::-1])(RH, R)
+        return map_latents(lambda f, r: jax.scipy.linalg.cho_solve((f, True), r[::-1])[::-1], RH, R)
 
     x = precond(grad)
     r = grad - apply(x)

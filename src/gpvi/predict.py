@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._batching import map_latents
 from .objective import State, make_chunks
 
 __all__ = ["latent_moments", "likelihood_call"]
@@ -23,7 +24,7 @@ def _moments(model, prior, state, X, offset):
         Xc, oc = args
         At, b, c = model.project(prior, Xc)
         if state.mean.ndim == 2:  # Q latent blocks: (n, Q) marginals
-            m, v = jax.vmap(lambda *a: _chunk_moments(*a, oc))(state.mean, state.chol, At, b, c)
+            m, v = map_latents(lambda *a: _chunk_moments(*a, oc), state.mean, state.chol, At, b, c)
             return m.T, v.T
         return _chunk_moments(state.mean, state.chol, At, b, c, oc)
 

@@ -17,6 +17,7 @@ from .fit import _BLAS_LIMIT, FitResult, _check_init, learnable_parameters
 from .models import Model, _check_X
 from .objective import Chunks, State, minibatch_sums, num_blocks, prior_state
 from .stream import Stream, as_stream
+from ._watchdog import watched
 
 __all__ = ["fit_stream", "update", "as_sparse", "STREAM_ENGINES"]
 
@@ -40,6 +41,7 @@ def _stream_progress(total_rows):
     return on_batch
 
 
+@watched
 def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size: int | None = None,
                epochs: int | None = 2, learn_hyperparameters=False, learn_inducing: bool = False,
                init: State | None = None, init_rows: int = 100_000, seed: int = 0, tol: float = 1e-6,

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
+from ._batching import map_latents
 from .models import GLM, GP, SparseGP
 from .multilatent import MultiLatent
 from .objective import State
@@ -88,7 +89,7 @@ def carry(old_objective, new_objective, state: State) -> State:
         stack = lambda m, prior: (jnp.stack([_factor(l, p, d) for l, p in zip(m.latents, prior)]),  # noqa: E731
                                   jnp.stack([_mean(l) for l in m.latents]))
         (Lo, mo), (Ln, mn) = stack(old, old_objective.prior), stack(new, new_objective.prior)
-        out = jax.vmap(_carry)(Lo, Ln, mo, mn, state)
+        out = map_latents(_carry, Lo, Ln, mo, mn, state)
     else:
         out = _carry(_factor(old, old_objective.prior, d), _factor(new, new_objective.prior, d),
                      _mean(old), _mean(new), state)

@@ -11,7 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import cho_solve, solve_triangular
 
+from .._batching import map_latents
 from ..objective import State, Sums
+from .._watchdog import paused
 
 
 @dataclasses.dataclass
@@ -55,7 +57,8 @@ class Clock:
         t = time.perf_counter() - self.t0
         self.rows.append((t, vlb))
         if self.callback is not None:
-            self.callback(iteration, float(vlb), t)
+            with paused():
+                self.callback(iteration, float(vlb), t)
 
     @property
     def trace(self):
@@ -120,7 +123,7 @@ def _clean_gap(gap):
 @jax.jit
 def estimated_gap(state: State, grad, S, trSV=None):
     if grad.ndim == 2:  # Q latent blocks (gpvi.multilatent): the gaps of the blocks add up
-        gaps, RH = jax.vmap(_estimated_gap)(state, grad, S, trSV)
+        gaps, RH = map_latents(_estimated_gap, state, grad, S, trSV)
         return jnp.sum(gaps), RH
     return _estimated_gap(state, grad, S, trSV)
 
@@ -211,7 +214,7 @@ def precision_chol(S):
     fixed-point target precision; NaN if H is not positive definite.  ``S`` (Q, d, d): one
     factor per latent block."""
     if S.ndim == 3:
-        return jax.vmap(precision_chol)(S)
+        return map_latents(precision_chol, S)
     return _reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
 
 
@@ -230,8 +233,8 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     ``m + α d`` instead.
     """
     if grad.ndim == 2:
-        return jax.vmap(lambda s_, g_, r_, d_: _natural_step(s_, g_, r_, alpha, update_mean, update_cov, d_))(
-            state, grad, RH, direction)
+        return map_latents(lambda s_, g_, r_, d_: _natural_step(s_, g_, r_, alpha, update_mean, update_cov, d_),
+                           state, grad, RH, direction)
     return _natural_step(state, grad, RH, alpha, update_mean, update_cov, direction)
 
 
@@ -268,7 +271,7 @@ def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=T
     Returns ``(RH, proposal, gap)``."""
     RH = precision_chol(S)
     if grad.ndim == 2:
-        gap = jnp.sum(jax.vmap(_gap_from_factor)(state, grad, RH, trSV))
+        gap = jnp.sum(map_latents(_gap_from_factor, state, grad, RH, trSV))
     else:
         gap = _gap_from_factor(state, grad, RH, trSV)
     return RH, natural_step(state, grad, RH, alpha, update_mean, update_cov), gap
@@ -279,7 +282,7 @@ def _coupled_gap(state: State, RH, mean_gain, trSV=None):
     """:func:`estimated_gap` of Q coupled latent blocks: the gain ``mean_gain`` of the joint
     Newton step of the means (:meth:`gpvi.objective.Objective.newton_direction`) plus the
     blocks' covariance shares."""
-    return _clean_gap(mean_gain + jnp.sum(jax.vmap(_covariance_gap)(state, RH, trSV)))
+    return _clean_gap(mean_gain + jnp.sum(map_latents(_covariance_gap, state, RH, trSV)))
 
 
 def coupled_target(objective, state: State, grad, S, rows_h=None, trSV=None):

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..objective import Chunks, Objective, State, vlb_in_hyperparameters
 from ..stream import Stream, from_arrays
+from .._watchdog import paused
 from ._common import EngineResult
 
 DEFAULT_BATCH = 1024
@@ -104,7 +105,8 @@ class EpochClock:
     def off_clock(self, f, *args):
         t = time.perf_counter()
         try:
-            return f(*args)
+            with paused():
+                return f(*args)
         finally:
             self.paused += time.perf_counter() - t
 
@@ -112,7 +114,8 @@ class EpochClock:
         t = self.now()
         self.rows.append((t, float(vlb)))
         if self.callback is not None:
-            self.callback(iteration, float(vlb), t)
+            with paused():
+                self.callback(iteration, float(vlb), t)
 
     @property
     def trace(self):

@@ -56,6 +56,7 @@ from ..kernels import RBF, MultiscaleRBF
 from ..likelihoods import Gaussian
 from ..models import SparseGP, cholesky, kl_standard_normal
 from ..objective import Objective, State
+from .._watchdog import paused
 from ._common import Clock, EngineResult
 
 __all__ = ["run", "minibatches", "step_size_at", "prepare_model"]
@@ -313,7 +314,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             raise FloatingPointError(f"ivsgpr: the posterior became non-finite at step {t} (γ = {gamma:.3g})")
         clock.tick(vlb_b, t)
         if monitor is not None:
-            monitor(t, model, state)
+            with paused():
+                monitor(t, model, state)
     final = Objective(model, X, y, off, chunk_size=n)
     final.check_prior()
     vlb = float(final.vlb(state))

@@ -58,6 +58,7 @@ from jax.scipy.linalg import solve_triangular
 
 from .._module import flatten_params, unflatten_params
 from ..likelihoods import Bernoulli
+from .._watchdog import paused
 from ..objective import (Objective, State, _setup, _stacked, _marginals_stacked, chunk_projection,
                          vlb_in_hyperparameters)
 from ..surrogates import COEFFICIENTS, SURROGATES, optimal_xi
@@ -205,12 +206,14 @@ class _Clock:
         s = time.perf_counter()
         v = float(true_vlb_fn())
         if self.on_state is not None:
-            self.on_state(model, state, t)
+            with paused():
+                self.on_state(model, state, t)
         self.off += time.perf_counter() - s
         self.rows.append((t, v))
         self.surrogate.append(float(surrogate))
         if self.callback is not None:
-            self.callback(iteration, v, t)
+            with paused():
+                self.callback(iteration, v, t)
         return v
 
     @property
