@@ -8,7 +8,9 @@
 - :class:`GPCountRegressor`: Poisson likelihood with a log link and optional exposure;
   ``predict`` gives the expected count (and standard deviation).
 - :class:`GPOrdinalRegressor`: cumulative-logit ordinal likelihood with learned bin edges;
-  ``predict`` gives the most probable level, ``predict_proba`` the level probabilities.
+  ``predict`` gives the most probable level, ``predict_proba`` the level probabilities.  The
+  order of the levels comes from ``levels=``, an ordered pandas Categorical ``y`` or numeric
+  labels; string labels without one are refused.
 
 Each estimator fits a full GP when the training set has at most ``full_max`` rows and a
 sparse GP with ``inducing`` k-means inducing inputs otherwise (``model="auto"``; force
@@ -122,6 +124,75 @@ def _decode_labels(spec, array):
         out[:] = spec["list"]
         return out
     return np.asarray(array)
+
+
+def _encode_levels(levels, arrays):
+    """The ``levels`` parameter → JSON spec (its labels as :func:`_encode_labels` writes them,
+    and whether it was a list, a tuple or an array, so that it is rebuilt as it was given)."""
+    kind = "array" if isinstance(levels, np.ndarray) else "tuple" if isinstance(levels, tuple) else "list"
+    if kind == "array":
+        spec, arr = _encode_labels(levels)
+    else:
+        spec, arr = _encode_labels(_object_array(list(levels)))
+    if arr is not None:
+        arrays["params.levels"] = arr
+    return {"labels": spec, "type": kind}
+
+
+def _decode_levels(spec, arrays):
+    labels = _decode_labels(spec["labels"], arrays.get("params.levels"))
+    kind = spec["type"]
+    if kind == "array":
+        return labels
+    if kind in ("list", "tuple"):
+        return labels.tolist() if kind == "list" else tuple(labels.tolist())
+    raise ValueError(f"unknown levels type {kind!r}")
+
+
+def _object_array(items):
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+def _label_array(items, y):
+    """The labels ``items`` (in that order) as a 1-D array: NumPy's own dtype for numbers or
+    strings when ``y``'s labels are not Python objects and NumPy keeps every label as it is;
+    an object array otherwise (so that predictions are labels of y's kind)."""
+    if y.dtype != object:
+        try:
+            arr = np.asarray(items)
+        except (TypeError, ValueError):
+            arr = None
+        if (arr is not None and arr.shape == (len(items),) and arr.dtype.kind in "biufUS"
+                and arr.tolist() == list(items)):
+            return arr
+    return _object_array(items)
+
+
+def _first_ones(values, k=10):
+    """The first ``k`` distinct values of a list, in order of appearance."""
+    return list(dict.fromkeys(values))[:k]
+
+
+def _label_codes(y, index):
+    """Codes of the labels of the 1-D array ``y`` under ``index`` ({label: code}); −1 for a
+    label that is not in ``index``.  Works for labels in any order (not only sorted ones)."""
+    try:
+        uniq, inverse = np.unique(y, return_inverse=True)
+    except TypeError:  # labels of kinds that do not sort together
+        return np.array([index.get(v, -1) for v in y.tolist()], dtype=np.int64)
+    lookup = np.array([index.get(u, -1) for u in uniq.tolist()], dtype=np.int64)
+    return lookup[np.asarray(inverse).reshape(-1)]
+
+
+def _ordered_categories(y):
+    """The categories of an ordered pandas Categorical (or of a Series with an ordered
+    categorical dtype), lowest first, as a list; None for anything else."""
+    dtype = getattr(y, "dtype", None)
+    if getattr(dtype, "name", None) != "category" or getattr(dtype, "ordered", None) is not True:
+        return None
+    return list(dtype.categories.tolist())
 
 
 class _GPEstimator(BaseEstimator):
@@ -332,6 +403,8 @@ class _GPEstimator(BaseEstimator):
                 params[k] = _json_value(v) if _is_int(v) else None  # generators are not saved
             elif k == "learn_hyperparameters" and isinstance(v, (list, tuple)):
                 params[k] = [str(s) for s in v]
+            elif k == "levels" and v is not None:
+                params[k] = _encode_levels(v, arrays)
             else:
                 params[k] = _json_value(v)
         fitted = {"n_features_in_": int(self.n_features_in_), "n_iter_": int(self.n_iter_),
@@ -357,6 +430,8 @@ class _GPEstimator(BaseEstimator):
             params["kernel"] = _gio._decode(params["kernel"], arrays)
         if isinstance(params.get("learn_hyperparameters"), list):
             params["learn_hyperparameters"] = list(params["learn_hyperparameters"])
+        if params.get("levels") is not None:
+            params["levels"] = _decode_levels(params["levels"], arrays)
         est = cls(**params)
         fitted = meta["fitted"]
         est.n_features_in_ = fitted["n_features_in_"]
@@ -444,24 +519,34 @@ class _LabelEstimator(_GPEstimator):
 
     def partial_fit(self, X, y, classes=None):
         """Online learning (see :meth:`_GPEstimator.partial_fit`).  ``classes`` (scikit-learn's
-        convention) lists every label; the first batch must contain all of them."""
+        convention) lists every label, in any order; the first batch must contain all of them
+        (for :class:`GPOrdinalRegressor` with ``levels``: they must be the levels)."""
         if classes is not None:
             classes = np.unique(np.asarray(classes))
-            known = getattr(self, "classes_", None) if hasattr(self, "fit_result_") else None
-            if known is not None:
-                if not np.array_equal(classes, known):
+            if hasattr(self, "fit_result_"):
+                known = self.classes_
+                if set(classes.tolist()) != set(known.tolist()):
                     raise ValueError(f"classes {classes.tolist()} differ from the fitted classes {known.tolist()}")
-            elif not np.array_equal(np.unique(np.asarray(y)), classes):
-                raise ValueError(f"the first partial_fit batch must contain every class in classes "
-                                 f"({classes.tolist()}); it has {np.unique(np.asarray(y)).tolist()}")
+            else:
+                self._check_first_batch_classes(classes, y)
         return super().partial_fit(X, y)
 
+    def _check_first_batch_classes(self, classes, y):
+        """``classes`` (sorted, unique) are the classes the first ``partial_fit`` batch ``y`` fits."""
+        have = np.unique(np.asarray(y))
+        if set(have.tolist()) != set(classes.tolist()):
+            raise ValueError(f"the first partial_fit batch must contain every class in classes "
+                             f"({classes.tolist()}); it has {have.tolist()}")
+
     def _encode_more(self, y):
+        """Codes of later labels: the position of each label in ``classes_`` (in whatever order
+        ``classes_`` is)."""
         y = np.asarray(y)
-        codes = np.searchsorted(self.classes_, y)
-        ok = (codes < len(self.classes_)) & (self.classes_[np.minimum(codes, len(self.classes_) - 1)] == y)
-        if not np.all(ok):
-            raise ValueError(f"y has labels {np.unique(y[~ok])[:5].tolist()} not seen in the first batch "
+        index = {label: k for k, label in enumerate(self.classes_.tolist())}
+        codes = _label_codes(y, index)
+        bad = codes < 0
+        if np.any(bad):
+            raise ValueError(f"y has labels {_first_ones(y[bad].tolist(), 5)} not seen in the first batch "
                              f"(classes {self.classes_.tolist()})")
         return codes.astype(np.float64)
 
@@ -537,27 +622,47 @@ class GPClassifier(ClassifierMixin, _LabelEstimator):
 class GPOrdinalRegressor(ClassifierMixin, _LabelEstimator):
     __doc__ = """Gaussian-process ordinal regression (cumulative logit) by variational inference.
 
-    Labels are any sortable values; sorted, they become levels 0..L−1 (``classes_``).  The
-    L−1 bin edges start where the empirical cumulative proportions of the levels put them
-    under a zero latent and are learned with the kernel parameters (the latent's constant
+    The labels of ``y`` are L ordered levels 0..L−1, lowest first: level j is ``classes_[j]``.
+    Their order comes from, in this order of precedence:
+
+    1. ``levels=[lowest, …, highest]``: every label of ``y`` must be one of them;
+    2. ``y`` given as an ordered pandas Categorical (``pd.Categorical(…, ordered=True)`` or a
+       Series of that dtype): the order of its categories (all of them are levels);
+    3. labels of a numeric dtype (integers, floats, booleans): numerical order (False < True).
+
+    Anything else — strings, or labels of an object dtype, an unordered Categorical of
+    strings included — has no known order and is refused with a ``ValueError`` that says how
+    to give it (numeric strings such as ``"10"`` are strings: give ``levels`` or convert them).
+    Levels named by ``levels`` (or by a Categorical's categories) but absent from ``y`` keep
+    their place; ``y`` must still hold at least two of them.
+
+    The L−1 bin edges start where the empirical cumulative proportions of the levels put them
+    under a zero latent (a level absent from ``y`` counts as half a row, so that the edges are
+    strictly increasing) and are learned with the kernel parameters (the latent's constant
     mean and the likelihood's slope are kept fixed: both are redundant with the edges and
     the kernel variance).  ``predict`` returns the label of the most probable level and
     ``score`` the accuracy (scikit-learn's classifier conventions); ``predict_proba`` gives
-    the level probabilities.
+    the level probabilities, columns in level (``classes_``) order.  Later ``partial_fit``
+    batches are coded by ``classes_`` (their labels must be among them).
 
     Parameters
     ----------""" + _COMMON_DOC + """
+    levels : list of labels or None, default None
+        The order of the labels, lowest first (a list, tuple or 1-D array of distinct labels,
+        at least two).  Required for labels that are not numbers unless ``y`` is an ordered
+        pandas Categorical; takes precedence over a Categorical's order.  Checked at ``fit``.
 
     Attributes
     ----------
-    classes_ : (L,) array of the labels, sorted (level j is ``classes_[j]``)""" + _FITTED_DOC + """
+    classes_ : (L,) array of the labels in level order, lowest first (level j is
+        ``classes_[j]``)""" + _FITTED_DOC + """
     """
 
     _fixed_parameters = ("mean", "likelihood.shape")
 
     def __init__(self, kernel=None, *, model="auto", full_max=500, inducing=200, engine="fpi",
                  learn_hyperparameters=True, standardize=True, tol=1e-6, max_iter=500, max_rounds=100,
-                 random_state=0):
+                 random_state=0, levels=None):
         self.kernel = kernel
         self.model = model
         self.full_max = full_max
@@ -569,18 +674,132 @@ class GPOrdinalRegressor(ClassifierMixin, _LabelEstimator):
         self.max_iter = max_iter
         self.max_rounds = max_rounds
         self.random_state = random_state
+        self.levels = levels
+
+    def _check_levels(self):
+        """``levels`` as a list (None when not given), checked."""
+        lv = self.levels
+        if lv is None:
+            return None
+        try:
+            one_d = np.ndim(lv) == 1
+        except ValueError:  # ragged nested sequences
+            one_d = False
+        if (isinstance(lv, (str, bytes, dict, set, frozenset)) or not hasattr(lv, "__len__")
+                or not hasattr(lv, "__iter__") or not one_d):
+            raise ValueError(f"levels must be None or a list of the labels, lowest first, got {lv!r}")
+        items = list(lv)
+        _level_index(items, "levels")
+        return items
+
+    def _explicit_order(self, cats):
+        """(labels in level order, what gave that order) from ``levels`` or else ``cats``, the
+        categories of an ordered Categorical y (or None); (None, None) when neither is given."""
+        levels = self._check_levels()
+        if levels is not None:
+            return levels, "levels"
+        if cats is not None:
+            return cats, "the categories of the ordered Categorical y"
+        return None, None
+
+    def _fit(self, X, y, exposure=None, _kind=None):
+        # validate_data turns a pandas Categorical into a plain array: keep its order first.
+        self._y_categories = _ordered_categories(y)
+        try:
+            return super()._fit(X, y, exposure, _kind)
+        finally:
+            del self._y_categories
 
     def _prepare_targets(self, y):
-        return self._encode_classes(y)
+        name = type(self).__name__
+        levels, source = self._explicit_order(getattr(self, "_y_categories", None))
+        if levels is None:
+            try:
+                check_classification_targets(y)
+            except ValueError as err:
+                if type_of_target(y) != "continuous":
+                    raise
+                raise ValueError(f"{err} ({name}: to use numbers that are not integers as levels, list them "
+                                 "with levels=[lowest, ..., highest])") from None
+            if y.dtype.kind not in "biuf":
+                labels = sorted(set(y.tolist()), key=str)
+                shown = f"{labels}" if len(labels) <= 10 else f"{labels[:10]} and {len(labels) - 10} more"
+                raise ValueError(
+                    f"{name}: y has non-numeric labels {shown} whose order is unknown; give it with "
+                    f"levels=[lowest, ..., highest] listing every label, lowest first, or pass y as an "
+                    f"ordered pandas Categorical (pd.Categorical(y, categories=[lowest, ..., highest], "
+                    f"ordered=True))")
+            return self._encode_classes(y)
+        codes = _label_codes(y, _level_index(levels, source))
+        bad = codes < 0
+        if np.any(bad):
+            raise ValueError(f"{name}: y has labels {_first_ones(y[bad].tolist())} that are not in {source} "
+                             f"{levels}")
+        seen = np.unique(codes)
+        if len(seen) < 2:
+            raise ValueError(f"{name} needs at least two classes in y, but y has only one class "
+                             f"({levels[int(seen[0])]!r}) of the {len(levels)} in {source}")
+        self.classes_ = _label_array(levels, y)
+        return codes.astype(np.float64)
+
+    def partial_fit(self, X, y, classes=None):
+        """Online learning (see :meth:`_GPEstimator.partial_fit`).  The first call fits the
+        level order as :meth:`fit` does; later batches keep ``classes_`` (an ordered Categorical
+        batch must not contradict it)."""
+        cats = _ordered_categories(y)
+        if cats is not None and hasattr(self, "fit_result_"):
+            order = {label: k for k, label in enumerate(self.classes_.tolist())}
+            ranks = [order[c] for c in cats if c in order]
+            if ranks != sorted(ranks):
+                raise ValueError(f"the ordered Categorical y puts its categories in the order {cats}, which "
+                                 f"contradicts the fitted level order classes_ {self.classes_.tolist()}")
+        return super().partial_fit(X, y, classes)
+
+    def _check_first_batch_classes(self, classes, y):
+        order, source = self._explicit_order(_ordered_categories(y))
+        if order is None:
+            return super()._check_first_batch_classes(classes, y)
+        if set(classes.tolist()) != set(order):
+            raise ValueError(f"classes {classes.tolist()} differ from {source} {order}")
 
     def _likelihood(self, y, offset):
         L = len(self.classes_)
-        cum = np.cumsum(np.bincount(y.astype(int), minlength=L))[:-1] / len(y)
+        counts = np.bincount(y.astype(int), minlength=L).astype(np.float64)
+        counts[counts == 0] = 0.5  # a level absent from y (named by levels): half a row, distinct edges
+        cum = np.cumsum(counts)[:-1] / counts.sum()
         return likelihoods.Ordinal(edges=scipy.special.logit(cum), shape=1.0), 0.0
 
     def fit(self, X, y):
-        """Fit to inputs ``X`` (n_samples, n_features) and ordered labels ``y`` (n_samples,)."""
+        """Fit to inputs ``X`` (n_samples, n_features) and ordered labels ``y`` (n_samples,):
+        their order from ``levels``, an ordered pandas Categorical ``y`` or numeric labels."""
         return self._fit(X, y)
+
+    @classmethod
+    def _from_gpvi_file(cls, meta, arrays):
+        est = super()._from_gpvi_file(meta, arrays)
+        levels = est._check_levels()
+        if levels is not None and est.classes_.tolist() != levels:
+            raise ValueError(f"classes_ {est.classes_.tolist()} are not the levels {levels}")
+        return est
+
+
+def _level_index(items, source):
+    """{label: level} of a list of labels, lowest first; ValueError (naming ``source``) for
+    fewer than two labels, labels that cannot be looked up (unhashable) or repeated ones."""
+    if len(items) < 2:
+        raise ValueError(f"{source} must list at least two labels, got {items}")
+    index = {}
+    repeated = []
+    for k, label in enumerate(items):
+        try:
+            if label in index:
+                repeated.append(label)
+            index.setdefault(label, k)
+        except TypeError:
+            raise ValueError(f"{source} must hold labels (strings, numbers, …), got {label!r}") from None
+    if repeated:
+        raise ValueError(f"{source} names {_first_ones(repeated)} more than once: {items}")
+    return index
 
 
 # ------------------------------------------------------------------------------------------
