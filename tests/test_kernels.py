@@ -343,3 +343,32 @@ def test_white_noise_term_in_a_sparse_gp_adds_to_k_uu_and_the_conditional_varian
     full = GP(se + K.White(variance=s2), Bernoulli())
     _, Lf, _ = full.prior_cache(jnp.asarray(X))
     np.testing.assert_allclose(np.asarray(Lf @ Lf.T), ref_matrix(se, X, X) + s2 * np.eye(12), rtol=1e-7, atol=1e-7)
+
+
+def test_white_noise_term_as_the_readme_writes_it():
+    """``RBF() + White(0.01)`` (README, "What is inside") raised TypeError: every component
+    field was keyword-only, so ``White(0.01)`` was rejected.  The variance of White is now also
+    positional; the sum is RBF's matrix plus 0.01 I on the same inputs and exactly RBF's
+    covariance between different inputs."""
+    k = K.RBF() + K.White(0.01)
+    assert isinstance(k, K.Sum) and isinstance(k.kernels[1], K.White)
+    assert float(k.kernels[1].variance) == 0.01
+    X = inputs(7)[:-1]  # distinct rows (inputs() repeats its first row last)
+    X2 = inputs(8, N2)
+    rbf = np.asarray(K.RBF()(X))
+    got = np.asarray(k(X))
+    np.testing.assert_allclose(got, rbf + 0.01 * np.eye(len(X)), rtol=1e-15, atol=0)
+    off = ~np.eye(len(X), dtype=bool)
+    np.testing.assert_array_equal(got[off], rbf[off])  # nothing between different inputs
+    np.testing.assert_array_equal(np.asarray(k(X, X2)), np.asarray(K.RBF()(X, X2)))
+    np.testing.assert_allclose(np.asarray(k.diag(X)), 1.01, rtol=1e-15)
+    # the same kernel as the keyword form, parameters and learnable paths included
+    kw = K.RBF() + K.White(variance=0.01)
+    assert {n: float(v) for n, v in k.parameters().items()} == {n: float(v) for n, v in kw.parameters().items()}
+    # checked like the keyword form; only the variance is positional
+    with pytest.raises(ValueError, match="White: variance"):
+        K.White(-0.01)
+    with pytest.raises(TypeError):
+        K.White(0.01, 0.02)
+    with pytest.raises(TypeError):
+        K.RBF(1.0)  # the other kernels' parameters stay keyword-only

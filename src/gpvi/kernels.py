@@ -200,9 +200,14 @@ class White(Kernel):
     carry their own noise (``K_uu`` gains ``s² I``) and share none with the data
     (``K_uf`` gains nothing, even where an inducing input equals a data row), as in GPflow; each
     data point's noise then enters its conditional variance ``c_i`` through :meth:`diag`.
+
+    The variance is the one argument that may also be given positionally, ``White(0.01)`` being
+    how a noise term is usually written; every other kernel parameter is keyword-only.
     """
 
-    variance: object = param("positive", 1.0, shape="scalar")
+    # kw_only=False on this one field: gpvi components are keyword-only dataclasses otherwise.
+    variance: object = dataclasses.field(
+        default=1.0, kw_only=False, metadata=param("positive", 1.0, shape="scalar").metadata)
 
     def _K(self, X1, X2):
         return jnp.where(same_rows(X1, X2), self.variance, 0.0).astype(X1.dtype)
