@@ -138,3 +138,18 @@ def test_partial_fit_after_a_full_gp_fit(rng):
     np.testing.assert_allclose(v_sp, v_full, atol=1e-6)
     est.partial_fit(X[40:], y[40:])
     assert est.model_kind_ == "sparse" and not np.allclose(est.predict(X[40:]), before)
+
+
+def test_fit_stream_learn_inducing_with_a_list_of_names(rng):
+    """Issue 30 §2: ``learn_inducing=True`` was silently ignored when ``learn_hyperparameters``
+    was a list of names (as in gpvi.fit)."""
+    X, y = _poisson(rng, N=300)
+    Z0 = X[:6].copy()
+    model = gpvi.SparseGP(gpvi.kernels.RBF(), L.Poisson(), inducing=Z0)
+    kw = dict(engine="svi", batch_size=100, epochs=3, learn_hyperparameters=["kernel.lengthscale"],
+              engine_options={"optimizer": "adam", "learning_rate": 0.05})
+    moved = gpvi.fit_stream(model, X, y, learn_inducing=True, **kw)
+    kept = gpvi.fit_stream(model, X, y, **kw)
+    assert np.max(np.abs(np.asarray(moved.model.inducing) - Z0)) > 1e-3
+    np.testing.assert_array_equal(np.asarray(kept.model.inducing), Z0)
+    assert not np.allclose(np.asarray(kept.model.kernel.lengthscale), 1.0)  # the named one is learned

@@ -99,3 +99,92 @@ def test_learnable_parameters_default_excludes_fixed_and_inducing():
     assert {"kernel.kernels.0.variance", "kernel.kernels.0.lengthscale", "kernel.kernels.1.variance",
             "likelihood.scale", "mean"} == set(names)
     assert "inducing" in gpvi.learnable_parameters(model, learn_inducing=True)
+
+
+# ---- issue 30 §2: iterations and learn_inducing of a learned fit ----------------------------
+def _counting_engine(monkeypatch, name):
+    """Replace ``ENGINES[name]`` by a wrapper that records the iterations of every run."""
+    import functools
+
+    from gpvi.engines import ENGINES
+
+    real = ENGINES[name]
+    runs = []
+
+    @functools.wraps(real)  # keeps the signature fit() inspects
+    def counting(*args, **kwargs):
+        res = real(*args, **kwargs)
+        runs.append(res.iterations)
+        return res
+
+    monkeypatch.setitem(ENGINES, name, counting)
+    return runs
+
+
+def test_learned_fit_iterations_sum_every_engine_run_of_the_search(rng, monkeypatch):
+    # Issue 30 §2: after a search of 8 rounds FitResult.iterations read 0 (the last, warm-started
+    # engine run's).  It is the engine iterations summed over every run of the fit.
+    X = rng.uniform(-2, 2, (40, 1))
+    y = (np.sin(2 * X[:, 0]) + 0.3 * rng.standard_normal(40) > 0).astype(float)
+    runs = _counting_engine(monkeypatch, "fpi")
+    model = gpvi.GP(kernel=gpvi.kernels.RBF(variance=1.0, lengthscale=1.0), likelihood=L.Bernoulli())
+    res = gpvi.fit(model, X, y, learn_hyperparameters=True, max_rounds=3)
+    assert res.hyperparameter_rounds > 0
+    assert res.iterations >= res.hyperparameter_rounds
+    assert len(runs) > res.hyperparameter_rounds  # an inner run at every point evaluated, and the last
+    assert res.iterations == sum(runs)
+
+
+def test_collapsed_fit_iterations_count_the_closed_form_evaluations(rng, monkeypatch):
+    # Gaussian likelihood: θ is learned on the collapsed bound, whose every evaluation is the
+    # optimum over q in closed form (one iteration); the engine then runs once at the learned θ.
+    from gpvi import collapsed
+
+    X = rng.uniform(-2, 2, (40, 1))
+    y = np.sin(2 * X[:, 0]) + 0.2 * rng.standard_normal(40)
+    runs = _counting_engine(monkeypatch, "fpi")
+    evals = []
+    real = collapsed._value_and_grad
+
+    def counting(*args):
+        evals.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(collapsed, "_value_and_grad", counting)
+    model = gpvi.GP(kernel=gpvi.kernels.RBF(variance=1.0, lengthscale=2.0), likelihood=L.Gaussian(variance=0.5))
+    res = gpvi.fit(model, X, y, learn_hyperparameters=True, max_rounds=3)
+    assert res.hyperparameter_rounds > 0 and "collapsed" in res.message
+    assert res.iterations >= res.hyperparameter_rounds
+    assert len(evals) >= res.hyperparameter_rounds and len(runs) == 1
+    assert res.iterations == len(evals) + runs[0]
+
+
+@pytest.mark.parametrize("lik", ["bernoulli", "gaussian"])
+def test_learn_inducing_with_a_list_of_names_learns_the_inducing_inputs(rng, lik):
+    # Issue 30 §2: learn_inducing=True was silently ignored when learn_hyperparameters was a list.
+    X = rng.uniform(-2, 2, (40, 1))
+    f = np.sin(2 * X[:, 0])
+    if lik == "bernoulli":
+        likelihood, y = L.Bernoulli(), (f + 0.3 * rng.standard_normal(40) > 0).astype(float)
+    else:  # the collapsed-bound path
+        likelihood, y = L.Gaussian(variance=0.1), f + 0.2 * rng.standard_normal(40)
+    Z = np.linspace(-2.0, -1.0, 4)[:, None]  # badly placed
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=0.7), likelihood=likelihood, inducing=Z)
+    moved = gpvi.fit(model, X, y, learn_hyperparameters=["kernel.lengthscale"], learn_inducing=True, max_rounds=3)
+    assert np.max(np.abs(np.asarray(moved.model.inducing) - Z)) > 1e-3
+    assert float(moved.model.kernel.lengthscale) != 0.7
+    kept = gpvi.fit(model, X, y, learn_hyperparameters=["kernel.lengthscale"], max_rounds=3)
+    np.testing.assert_array_equal(np.asarray(kept.model.inducing), Z)
+    assert moved.vlb > kept.vlb
+
+
+def test_learn_inducing_that_cannot_apply_is_an_error(rng):
+    X = rng.uniform(-2, 2, (20, 1))
+    y = (X[:, 0] > 0).astype(float)
+    sparse = gpvi.SparseGP(kernel=gpvi.kernels.RBF(), likelihood=L.Bernoulli(), inducing=X[:3])
+    with pytest.raises(ValueError, match="learn_inducing.*learn_hyperparameters"):
+        gpvi.fit(sparse, X, y, learn_inducing=True)  # nothing is learned: the flag would do nothing
+    full = gpvi.GP(kernel=gpvi.kernels.RBF(), likelihood=L.Bernoulli())
+    for learn in (True, ["kernel.lengthscale"]):
+        with pytest.raises(ValueError, match="learn_inducing.*inducing inputs"):
+            gpvi.fit(full, X, y, learn_hyperparameters=learn, learn_inducing=True)

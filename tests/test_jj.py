@@ -360,3 +360,29 @@ def test_jj_true_vlb_below_fpi_optimum(case, capsys):
     assert r_jj.converged
     assert r_jj.vlb <= r_fpi.vlb + 1e-7 * abs(r_fpi.vlb)
     assert r_jj.extras["surrogate_bound"] <= r_jj.vlb
+
+
+@pytest.mark.parametrize("engine", ["jj", "jj-hybrid"])
+def test_max_fun_caps_the_bound_evaluations_of_every_step(rng, monkeypatch, engine):
+    # Issue 30 §2: 25 evaluations of the collapsed bound for 4 θ steps at max_fun=5 (SciPy's
+    # L-BFGS-B checks maxfun only between its iterations, not inside a line search).  Counted
+    # here by wrapping the bound itself; a step ends at the next traced iterate (on_state).
+    X, y = _data(rng, N=40)
+    model = _model(X[:6])
+    calls = [0]
+    real = jj._neg_collapsed_and_grad
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jj, "_neg_collapsed_and_grad", counting)
+    marks = []
+    r = gpvi.fit(model, X, y, engine=engine, learn_hyperparameters=["kernel.variance", "kernel.lengthscale"],
+                 max_rounds=4, engine_options={"n_upd": 1, "max_fun": 2,
+                                               "on_state": lambda m, s, t: marks.append(calls[0])})
+    per_step = np.diff([0] + marks)
+    steps = per_step[per_step > 0]
+    assert len(steps) == r.extras["lbfgsb_steps"] >= 2
+    assert np.max(steps) <= 2, per_step
+    assert calls[0] == marks[-1]  # no evaluation after the last traced iterate

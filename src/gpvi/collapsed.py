@@ -142,9 +142,11 @@ def collapsed_bound(model, X, y, offset=None, chunk_size: int = 2048) -> float:
 def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None):
     """L-BFGS-B on the collapsed bound in the unconstrained parameters ``names``.
 
-    Returns ``(model, iterations, rows)``: the model with the best parameters evaluated, the
-    L-BFGS-B iteration count and the (seconds since ``t0``, bound) of every iteration (the
-    first row at the start).  ``callback(iteration, bound, seconds)`` as in :func:`gpvi.fit`.
+    Returns ``(model, iterations, rows, evaluations)``: the model with the best parameters
+    evaluated, the L-BFGS-B iteration count, the (seconds since ``t0``, bound) of every iteration
+    (the first row at the start) and the number of evaluations of the bound (the one at the start
+    included; each is the optimal ``q`` in closed form, which :func:`gpvi.fit` counts as one
+    iteration and one pass over the data).  ``callback(iteration, bound, seconds)`` as in :func:`gpvi.fit`.
     Stops when the bound changes by at most ``tol · max(1, |bound|)`` between iterations.
     """
     theta0 = flatten_params(model, names)
@@ -152,8 +154,10 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     data = _padded_data(model, X, y, offset, chunk_size)
     best = [np.inf, None]
     rows = []
+    evaluations = [0]
 
     def fun(x):
+        evaluations[0] += 1
         val, g = _value_and_grad(unravel(jnp.asarray(x)), model, data)
         val = float(val)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
@@ -178,4 +182,4 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
     learned = unflatten_params(model, unravel(jnp.asarray(best[1])))
-    return learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2)
+    return learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2), evaluations[0]

@@ -50,16 +50,32 @@ class FitResult:
     model : the model with the hyperparameters (and inducing inputs) the fit ended with.
     state : ``State(mean, chol)`` of ``q(w)`` in whitened coordinates.
     vlb : final variational lower bound, nats summed over the data.
-    iterations, converged, message : of the (last) engine run; ``message`` says why it stopped.
-        ``converged`` means the engine certified its state: the estimated gap below was at
-        most the tolerance (see :func:`fit`'s ``tol`` and ``tol_nats``).
+    iterations : engine iterations summed over every engine run of the fit, like
+        ``evaluations`` (passes over the data) and the safeguard counts below.  Without learned
+        hyperparameters that is the one run's count.  When they are learned by the profile
+        L-BFGS-B search, the engine runs (warm-started) at every point the search evaluates and
+        once more at the learned hyperparameters, and every one of those runs counts, so
+        ``iterations ≥ hyperparameter_rounds`` (a search of 8 rounds that ends on a converged
+        warm start does not read 0).  On the collapsed bound (Gaussian likelihood) each
+        evaluation of the bound is the optimal ``q`` in closed form and counts as one iteration
+        (and one pass in ``evaluations``), plus the final engine run at the learned θ.  Engines
+        that learn the hyperparameters themselves report their own totals: ``jj``/``taylor``/
+        ``jj-hybrid``/``jj-full`` their analytic rounds plus L-BFGS-B steps on the collapsed
+        bound, the stochastic engines (``svi``, ``sfp``, ``ivsgpr``) their steps.
+    converged, message : of the last engine run; ``message`` says why it stopped (and how many
+        hyperparameter rounds ran).  ``converged`` means the engine certified its state: the
+        estimated gap below was at most the tolerance (see :func:`fit`'s ``tol`` and ``tol_nats``).
+    evaluations : passes over the data, summed over every engine run of the fit (see ``iterations``).
+    hyperparameter_rounds : L-BFGS-B iterations of the hyperparameter search (the profile or the
+        collapsed bound's; the L-BFGS-B steps of the jj/taylor drivers); 0 when none ran.
     gap : the estimated distance ``VLB* − VLB`` (nats) of the final state from the optimum at
         the final hyperparameters (:func:`gpvi.engines._common.estimated_gap`; for the dual
         engine the duality gap where strong duality holds; NaN for the Laplace engine, which
         does not maximise the VLB).
     trace : (K, 2) array of (seconds since the start of the fit, VLB) per iteration.
-    backtracks, cycles, clipped : safeguard events of the fixed-point engines (0 for others):
-        damped (VLB-lowering) steps, detected 2-cycles, steps that clipped γ_i at 0.
+    backtracks, cycles, clipped : safeguard events of the fixed-point engines (0 for others),
+        summed over every engine run of the fit: damped (VLB-lowering) steps, detected
+        2-cycles, steps that clipped γ_i at 0.
     subset : indices of the training rows used (subset of data), or None for all rows.
     extras : engine-specific numbers of the last engine run (see ``EngineResult.extras``).
     """
@@ -169,6 +185,44 @@ def learnable_parameters(model: Model, learn_inducing: bool = False) -> list[str
             if t != "fixed" and (learn_inducing or n not in ("inducing", "kernel.inducing_lengthscale"))]
 
 
+def _inducing_parameters(model: Model) -> list[str]:
+    """Dotted names of the model's learnable inducing inputs (and inducing lengthscales of a
+    multiscale kernel), at any depth (``inducing``, ``latents.0.inducing``): what
+    ``learn_inducing=True`` adds to the learned parameters."""
+    return [n for n, t in model.transforms().items()
+            if t != "fixed" and n.rsplit(".", 1)[-1] in ("inducing", "inducing_lengthscale")]
+
+
+def _covers(pattern: str, name: str) -> bool:
+    """Whether ``pattern`` (a dotted name, ``*`` segments tying parameters) includes ``name``."""
+    p, n = pattern.split("."), name.split(".")
+    return len(p) == len(n) and all(a == "*" or a == b for a, b in zip(p, n))
+
+
+def _learned_names(model: Model, learn, learn_inducing: bool) -> list[str]:
+    """The names :func:`fit` learns for ``learn_hyperparameters=learn`` (True or a list of names)
+    and ``learn_inducing``: with a list, ``learn_inducing=True`` adds the inducing inputs that the
+    list does not already name."""
+    if learn is True:
+        return learnable_parameters(model, learn_inducing)
+    names = list(learn)
+    if learn_inducing:
+        names += [n for n in _inducing_parameters(model) if not any(_covers(p, n) for p in names)]
+    return names
+
+
+def _check_learn_inducing(model: Model, learn_hyperparameters) -> None:
+    """``learn_inducing=True`` must have something to act on: never ignore it silently."""
+    if not learn_hyperparameters:
+        raise ValueError("learn_inducing=True learns the inducing inputs together with the hyperparameters, "
+                         "but learn_hyperparameters is False: pass learn_hyperparameters=True or a list of "
+                         "names (learn_hyperparameters=['inducing'] learns the inducing inputs alone)")
+    if not _inducing_parameters(model):
+        raise ValueError(f"learn_inducing=True, but the {type(model).__name__} has no learnable inducing inputs "
+                         f"(its parameters: {sorted(model.transforms())}); drop learn_inducing, or use a "
+                         "SparseGP with learn_hyperparameters")
+
+
 def _progress_callback(progress, engine):
     if not progress:
         return None
@@ -274,7 +328,11 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         ``FitResult.extras["log_marginal"]``, and a maximum where the Laplace evidence exceeds
         the VLB of its own Gaussian by more than 0.1 nats per observation (separable data: the
         latent scale runs off and the probabilities go to 0.5) raises a ``ValueError``.
-    learn_inducing : also learn the inducing inputs (sparse GP) when learning hyperparameters.
+    learn_inducing : also learn the inducing inputs (sparse GP; and the inducing lengthscales of
+        a multiscale kernel) with the hyperparameters, whether ``learn_hyperparameters`` is True
+        or a list of names (they are added to the list).  A ``ValueError`` if there is nothing
+        for it to do: ``learn_hyperparameters=False`` (use ``["inducing"]`` to learn only the
+        inducing inputs) or a model without inducing inputs.
     tol : relative tolerance.  Every engine stops, and reports ``converged=True``, only when
         its estimate of the distance to the optimum, ``VLB* − VLB`` in nats (``FitResult.gap``),
         is at most ``0.1 · tol · max(1, |VLB|)``, so that any two engines agree to ``tol``
@@ -321,6 +379,9 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         # Nguyen & Bonilla's mixture of diagonal Gaussians (MIX: components=1, MIX2: 2), by L-BFGS
         if posterior != "mog":
             raise ValueError(f"posterior must be 'gaussian' or 'mog', got {posterior!r}")
+        if not isinstance(learn_inducing, (bool, np.bool_)) or learn_inducing:
+            raise ValueError("learn_inducing must be False with posterior='mog' (a mixture posterior over full "
+                             "GPs, which have no inducing inputs)")
         from .mog import fit_mog
 
         return fit_mog(model, X, y, components=components, learn_hyperparameters=learn_hyperparameters,
@@ -361,6 +422,8 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
             raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
                              f"known: {sorted(model.transforms())}")
         learn_hyperparameters = names
+    if learn_inducing:
+        _check_learn_inducing(model, learn_hyperparameters)
     source = None
     blockwise = isinstance(X, Source) or executor is not None
     if blockwise:
@@ -464,16 +527,15 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
     collapsed_fit = None
     try:
         if joint:
-            names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
-                     else list(learn_hyperparameters))
+            names = _learned_names(model, learn_hyperparameters, learn_inducing)
             obj, res, trace = infer(model, state, tol, obj=obj, hyperparameters=names)
             model = res.extras.pop("model", model)
         else:
             if learn_hyperparameters and source is None and collapsed.applies(model, engine):
                 # Gaussian likelihood: θ on the closed-form collapsed bound (gpvi.collapsed), one
                 # factorisation per evaluation; the engine then runs once, at the learned θ, for q.
-                names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
-                         else list(learn_hyperparameters))
+                names = _learned_names(model, learn_hyperparameters, learn_inducing)
+                # (rounds, rows, evaluations of the bound)
                 model, *collapsed_fit = collapsed.learn(model, names, X, y, offset, tol=tol, max_rounds=max_rounds,
                                                         chunk_size=chunk_size, t0=t0,
                                                         callback=lambda i, v, s: cb(i, v, s, shift=False))
@@ -484,10 +546,10 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
             model = res.extras.pop("model", model)
         traces = [trace]
         rounds = 0
-        counts = [res.backtracks, res.cycles, res.evaluations, res.clipped]
+        # backtracks, cycles, data passes, clipped steps, iterations: summed over every engine run
+        counts = [res.backtracks, res.cycles, res.evaluations, res.clipped, res.iterations]
         if learn_hyperparameters and not joint:
-            names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
-                     else list(learn_hyperparameters))
+            names = _learned_names(model, learn_hyperparameters, learn_inducing)
             unknown = unknown_parameters(model, names)
             if unknown:
                 raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}; "
@@ -501,13 +563,19 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
             counts[1] += res.cycles
             counts[2] += res.evaluations
             counts[3] += res.clipped
+            counts[4] += res.iterations
+        if collapsed_fit is not None:
+            # each evaluation of the collapsed bound is the optimal q in closed form: one iteration
+            # (and one pass over the data) of an inner run that converged at once
+            counts[2] += collapsed_fit[2]
+            counts[4] += collapsed_fit[2]
     finally:
         release_blas()
         if prog is not None:
             prog.close()
         if source is not None:
             plan.close()
-    backtracks, cycles, evals, clipped = counts
+    backtracks, cycles, evals, clipped, iterations = counts
     message = res.message
     if joint:
         message = f"{message}; hyperparameters learned jointly by the engine"
@@ -516,7 +584,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
     if collapsed_fit is not None:
         rounds, traces = collapsed_fit[0], [collapsed_fit[1], traces[0]]
         message = f"{message}; hyperparameters: {rounds} L-BFGS-B iteration(s) on the collapsed bound"
-    return FitResult(model=model, state=res.state, vlb=res.vlb, iterations=res.iterations,
+    return FitResult(model=model, state=res.state, vlb=res.vlb, iterations=iterations,
                      converged=bool(res.converged and np.isfinite(res.vlb)), message=message, trace=np.concatenate(traces),
                      engine=engine, backtracks=backtracks, cycles=cycles, evaluations=evals,
                      hyperparameter_rounds=rounds, seconds=time.perf_counter() - t0,
@@ -572,7 +640,7 @@ def _fit_own_learn(own_learn, model, X, y, offset, state, obj, learn, learn_indu
                    prog):
     """:func:`fit` with hyperparameters learned by an engine's own driver (``run.learn``)."""
     try:
-        names = learnable_parameters(model, learn_inducing) if learn is True else list(learn)
+        names = _learned_names(model, learn, learn_inducing)
         if obj is None:
             obj = Objective(model, X, y, offset, chunk_size=chunk_size, cache_bytes=cache_bytes)
             obj.check_prior()
@@ -691,6 +759,9 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
            laplace=False, blockwise=False):
     """L-BFGS-B on the profile bound; returns (model, iterations, trace dict).
 
+    ``counts`` (backtracks, cycles, passes over the data, clipped steps, engine iterations) is
+    incremented by every inner engine run, so that the fit reports totals over the search.
+
     With ``laplace`` the objective is the Laplace log marginal likelihood, its gradient by the
     one-Newton-step construction of :func:`gpvi.engines.laplace.laplace_log_marginal_at`; the
     trace still records the VLB of each accepted point's Laplace posterior.
@@ -729,6 +800,7 @@ def _learn(model, names, X, y, offset, state, infer, tol, max_rounds, chunk_size
         counts[1] += res.cycles
         counts[2] += res.evaluations
         counts[3] += res.clipped
+        counts[4] += res.iterations
         if not np.isfinite(res.vlb):
             return np.inf, np.zeros_like(x)
         if laplace:

@@ -13,7 +13,7 @@ import numpy as np
 from ._module import unknown_parameters
 from .engines import ENGINES
 from .engines._stochastic import StreamError, check_model
-from .fit import _BLAS_LIMIT, FitResult, _check_init, learnable_parameters
+from .fit import _BLAS_LIMIT, FitResult, _check_init, _learned_names
 from .models import Model, _check_X
 from .objective import Chunks, State, minibatch_sums, num_blocks, prior_state
 from .stream import Stream, as_stream
@@ -101,8 +101,8 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
     state = prior_state(d) if init is None else _check_init(init, d)
     names = []
     if learn_hyperparameters:
-        names = (learnable_parameters(model, learn_inducing) if learn_hyperparameters is True
-                 else [learn_hyperparameters] if isinstance(learn_hyperparameters, str) else list(learn_hyperparameters))
+        learn = [learn_hyperparameters] if isinstance(learn_hyperparameters, str) else learn_hyperparameters
+        names = _learned_names(model, learn, learn_inducing)
         unknown = unknown_parameters(model, names)
         if unknown:
             raise ValueError(f"learn_hyperparameters names unknown parameters {sorted(unknown)}")

@@ -33,7 +33,9 @@ Engines (fixed hyperparameters), all run through :func:`gpvi.fit`:
 With ``learn_hyperparameters`` :func:`gpvi.fit` calls :func:`learn` instead (the paper's drivers,
 not fit's profile L-BFGS-B): ``jj``/``taylor`` alternate ``n_upd`` rounds with an L-BFGS-B step on
 ``Ĵ(·, ξ)`` of at most ``max_fun`` evaluations (Algorithm 1; ξ taken from the marginals at the
-end of the rounds); ``jj-hybrid`` does the same with θ and ξ jointly in the L-BFGS-B step;
+end of the rounds; ``max_fun`` is a hard cap, counted by the driver, since SciPy checks its own
+``maxfun`` only between iterations); ``jj-hybrid`` does the same with θ and ξ jointly in the
+L-BFGS-B step;
 ``jj-full`` runs one L-BFGS-B on θ and ξ jointly.  After an L-BFGS-B step the state is the
 analytic ``q*(θ, ξ)`` at its best point, so the surrogate bound of vi-JJ never decreases.
 
@@ -278,7 +280,7 @@ def run_taylor(objective: Objective, state: State, *, tol: float = 1e-6, tol_nat
 def run_hybrid(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
                max_iter: int = 500, callback=None, n_upd: int = 3, max_fun: int = 5, on_state=None) -> EngineResult:
     """vi-JJ-hybrid with fixed hyperparameters: ``n_upd`` analytic rounds, then an L-BFGS-B
-    step (≤ ``max_fun`` evaluations) on Ĵ in ξ; repeated (see :func:`learn`)."""
+    step of at most ``max_fun`` evaluations of Ĵ in ξ (a hard cap); repeated (see :func:`learn`)."""
     return learn(objective, state, [], engine="jj-hybrid", tol=tol, tol_nats=tol_nats, max_iter=max_iter,
                  max_rounds=max_iter, callback=callback, n_upd=n_upd, max_fun=max_fun, on_state=on_state)[0]
 
@@ -286,7 +288,8 @@ def run_hybrid(objective: Objective, state: State, *, tol: float = 1e-6, tol_nat
 def run_full(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
              max_iter: int = 500, callback=None, n_upd: int = 3, max_fun: int = 5, on_state=None) -> EngineResult:
     """vi-JJ-full with fixed hyperparameters: L-BFGS-B on Ĵ in ξ (q analytic at every
-    evaluation), at most ``max_iter`` iterations (see :func:`learn`)."""
+    evaluation), at most ``max_iter`` iterations (see :func:`learn`; ``n_upd`` and ``max_fun``
+    are checked but not used)."""
     return learn(objective, state, [], engine="jj-full", tol=tol, tol_nats=tol_nats, max_iter=max_iter,
                  max_rounds=max_iter, callback=callback, n_upd=n_upd, max_fun=max_fun, on_state=on_state)[0]
 
@@ -345,6 +348,37 @@ class _Collapsed:
         return unflatten_params(self.model, self.unravel(jnp.asarray(x[:self.p])))
 
 
+class _BudgetSpent(Exception):
+    """An L-BFGS-B step has used its ``max_fun`` evaluations of the collapsed bound."""
+
+
+def _capped(fn, budget: int):
+    """``fn`` allowed at most ``budget`` calls; the next one raises :class:`_BudgetSpent`.
+
+    SciPy's L-BFGS-B checks ``maxfun`` only when an iteration ends, and stops only once the
+    count *exceeds* it, so a line search that is under way runs past it (3 evaluations per
+    step at ``maxfun=2``, 25 for 4 steps at 5).  Counting here makes ``max_fun`` a hard cap."""
+    used = [0]
+
+    def capped(x):
+        if used[0] >= budget:
+            raise _BudgetSpent
+        used[0] += 1
+        return fn(x)
+
+    return capped
+
+
+def _lbfgsb_step(fn, x, max_fun: int):
+    """One L-BFGS-B step of :func:`learn`: at most ``max_fun`` evaluations of ``fn``, from ``x``;
+    the step's result is ``fn.best`` (the best point evaluated)."""
+    try:
+        scipy.optimize.minimize(_capped(fn, max_fun), x, jac=True, method="L-BFGS-B",
+                                options=dict(maxfun=max_fun, maxiter=max_fun, ftol=0.0, gtol=0.0))
+    except _BudgetSpent:
+        pass
+
+
 def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol: float = 1e-6,
           tol_nats: float | None = None, max_iter: int = 500, max_rounds: int = 100, callback=None,
           n_upd: int = 3, max_fun: int = 5, on_state=None):
@@ -355,7 +389,10 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
     ``engine``: ``"jj"``/``"taylor"`` (Algorithm 1: ``n_upd`` analytic rounds, then L-BFGS-B on
     ``Ĵ(·, ξ)`` with at most ``max_fun`` evaluations, ξ from the marginals after the rounds),
     ``"jj-hybrid"`` (the same with θ and ξ jointly in the L-BFGS-B step) or ``"jj-full"`` (one
-    L-BFGS-B run on θ and ξ jointly, at most ``max_iter`` iterations).  The alternating drivers
+    L-BFGS-B run on θ and ξ jointly, at most ``max_iter`` iterations; ``max_fun`` is not used).
+    ``max_fun`` is a hard cap on the evaluations of Ĵ (value and gradient) in each L-BFGS-B
+    step: the step ends at the evaluation that reaches it, even inside a line search (SciPy's
+    own ``maxfun`` is checked only between iterations), and takes the best point evaluated.  The alternating drivers
     stop after ``max_rounds`` outer iterations or when Ĵ after an L-BFGS-B step has changed by at
     most ``tol·max(1, |Ĵ|)`` (``tol_nats`` nats if given) since the previous one.  The state
     after each L-BFGS-B step is the analytic maximiser ``q*(θ, ξ)`` at its best point.
@@ -428,8 +465,7 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
             if fn.p == 0 and not fn.xi_free:
                 value = -float(fn(x)[0])  # nothing numeric to optimise: Ĵ at the rounds' ξ
             else:
-                scipy.optimize.minimize(fn, x, jac=True, method="L-BFGS-B",
-                                        options=dict(maxfun=max_fun, maxiter=max_fun, ftol=0.0, gtol=0.0))
+                _lbfgsb_step(fn, x, max_fun)
                 value = -fn.best[0]
             if fn.best[1] is None:
                 if outer == 1:
