@@ -250,3 +250,30 @@ def test_watchdog_settings_are_checked(monkeypatch):
         assert _watchdog.watchdog_seconds() == 7.0
     finally:
         gpvi.set_watchdog(None)
+
+
+def test_watchdog_in_a_forked_child():
+    """A child forked after the sampling thread has started (multiprocessing's default on Linux)
+    gets a fresh watchdog, with no lock the parent's thread might have held at the fork: its
+    fits are watched by a thread of its own."""
+    out = _run("""
+        import os, time
+        import numpy as np
+        import gpvi
+        rng = np.random.default_rng(2)
+        X = rng.normal(size=(30, 1)); y = (X[:, 0] > 0).astype(int)
+        model = gpvi.GP(gpvi.kernels.RBF(), gpvi.likelihoods.Bernoulli())
+        gpvi.set_watchdog(30)
+        gpvi.fit(model, X, y)     # starts the parent's sampling thread
+        for _ in range(20):
+            pid = os.fork()
+            if pid == 0:
+                from gpvi import _watchdog
+                ok = _watchdog._MONITOR.thread is None and _watchdog._MONITOR.depth == 0
+                with _watchdog.watch():
+                    ok = ok and _watchdog._MONITOR.depth == 1 and _watchdog._MONITOR.thread.is_alive()
+                os._exit(0 if ok else 3)
+            assert os.waitpid(pid, 0)[1] == 0
+        print("forks fine")
+        """, timeout=120)
+    assert out.returncode == 0 and "forks fine" in out.stdout, out.stderr[-2000:]

@@ -145,6 +145,15 @@ def _waiting_in(ident) -> str:
 _MONITOR = _Monitor()
 
 
+def _after_fork_in_child():
+    # A forked child has no sampling thread, and the lock may have been held by it at the fork.
+    global _MONITOR
+    _MONITOR = _Monitor()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -182,7 +191,7 @@ def watch():
         raise
     finally:
         with _MONITOR.lock:
-            _MONITOR.depth -= 1
+            _MONITOR.depth = max(0, _MONITOR.depth - 1)
             _MONITOR.generation += 1
 
 
@@ -209,6 +218,6 @@ def paused():
         yield
     finally:
         with _MONITOR.lock:
-            _MONITOR.pause -= 1
+            _MONITOR.pause = max(0, _MONITOR.pause - 1)
             _MONITOR.generation += 1
             _MONITOR.wake.notify_all()
