@@ -3,6 +3,7 @@
 import csv
 import io
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -763,3 +764,116 @@ def test_predict_refuses_damaged_column_information(field, value, needle, poisso
     # the control: the same hand-written file with the original fields predicts
     control = _with_extra(glm_model, gpvi.io.load(glm_model, with_extra=True)[1], tmp_path / "ok.gpvi")
     assert run(capsys, "predict", control, poisson_csv)[0] == 0
+
+
+# ------------------------------------------------- issue 30 §2: huge values, the compilation cache
+def _gpvi_exe():
+    exe = shutil.which("gpvi", path=str(Path(sys.executable).parent)) or shutil.which("gpvi")
+    assert exe, "the `gpvi` command is not installed: pip install -e ."
+    return exe
+
+
+# Runs the command given after it with no regular file allowed to grow beyond 0 bytes
+# (RLIMIT_FSIZE; SIGXFSZ ignored, so a write fails with EFBIG instead of killing the process), the
+# way a full disk makes writes fail.  A launcher rather than a preexec_fn: forking this process
+# (JAX's threads running) to run Python code in the child can deadlock.
+_NO_BIGGER_FILES = ("import os, resource, signal, sys\n"
+                    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+                    "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+                    "os.execv(sys.argv[1], sys.argv[1:])\n")
+
+
+def _gpvi_command(*argv, env=None, no_bigger_files=False):
+    """Run the installed `gpvi` command (what a user sees: Python's warnings included)."""
+    cmd = [_gpvi_exe(), *(str(a) for a in argv)]
+    if no_bigger_files:
+        cmd = [sys.executable, "-c", _NO_BIGGER_FILES, *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+
+def assert_one_error_line(proc, *needles):
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpvi: error: "), proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_huge_feature_values_are_refused_naming_the_column(glm_model, tmp_path):
+    """A feature near 1e307 overflowed the standardisation: NumPy's RuntimeWarnings, then an error
+    about X column 0 (or a model file that could not be written), instead of one line naming it."""
+    rng = np.random.default_rng(5)
+    rows = [[repr(float(v)), f"{b:.4f}", int(c)]
+            for v, b, c in zip(rng.uniform(1, 9, 30) * 1e307, rng.normal(size=30), rng.integers(0, 5, 30))]
+    data = write_csv(tmp_path / "huge.csv", ["x1", "x2", "count"], rows)
+    proc = _gpvi_command("fit", data, "-t", "count", "-l", "poisson", "-m", "glm", "--no-learn", "-q",
+                         "-o", tmp_path / "m.gpvi")
+    assert_one_error_line(proc, "feature column 'x1'", "line 2", str(data), "1e+150", "rescale")
+    assert not (tmp_path / "m.gpvi").exists()
+    # predicting at such rows with a model fitted on ordinary ones: the same line
+    proc = _gpvi_command("predict", glm_model, data)
+    assert_one_error_line(proc, "feature column 'x1'", "line 2", "1e+150")
+    # the streaming fit scales by the head of the file: the same check, naming the column
+    proc = _gpvi_command("fit", data, "-t", "count", "-l", "poisson", "-m", "glm", "--stream", "-q",
+                         "-o", tmp_path / "s.gpvi")
+    assert_one_error_line(proc, "feature column 'x1'", "row 1", "1e+150")
+    assert not (tmp_path / "s.gpvi").exists()
+    # a target that is standardised (gaussian) is checked the same way; one huge value among
+    # small ones made the scale infinite and the model file unwritable (JSON)
+    ys = [f"{v:.3f}" for v in rng.normal(size=30)]
+    ys[3] = "1e307"
+    data = write_csv(tmp_path / "huge_y.csv", ["x", "y"], [[f"{i / 10:.1f}", v] for i, v in enumerate(ys)])
+    proc = _gpvi_command("fit", data, "-t", "y", "-l", "gaussian", "-m", "glm", "--no-learn", "-q",
+                         "-o", tmp_path / "m.gpvi")
+    assert_one_error_line(proc, "target column 'y'", "line 5", "'1e307'")
+
+
+def test_failing_cache_writes_are_silent(poisson_csv, tmp_path):
+    """A cache write that fails (here: a file-size limit; a full disk is the same) printed JAX's
+    `UserWarning: Error writing persistent compilation cache entry` lines and left empty entries
+    behind, which the next run failed to read (more warnings).  The fit itself must just work."""
+    cache = tmp_path / "cache"
+    env = {**os.environ, "GPVI_COMPILATION_CACHE": str(cache)}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    fit = ("fit", poisson_csv, "-t", "count", "-l", "poisson", "-m", "glm", "--drop", "truth", "-q",
+           "-o", "/dev/null")  # a device: not limited by RLIMIT_FSIZE
+    proc = _gpvi_command(*fit, env=env, no_bigger_files=True)
+    assert "Warning" not in proc.stderr and "Error writing" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert sorted(os.listdir(cache)) == []  # no empty (partial) entries left behind
+    # the control: without the limit the same command does write entries (and reads none broken)
+    proc = _gpvi_command(*fit, env=env)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert any(name.endswith("-cache") for name in os.listdir(cache))
+
+
+def test_cache_info_and_clear(tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for key, size in (("jit_a-1", 3000), ("jit_b-2", 2000)):
+        (cache / f"{key}-cache").write_bytes(b"x" * size)
+    (cache / "notes.txt").write_text("not a compiled program")  # never touched
+    monkeypatch.setenv("GPVI_COMPILATION_CACHE", str(cache))
+    monkeypatch.setenv("GPVI_COMPILATION_CACHE_MAX_MB", "64")
+    rc, out, err = run(capsys, "cache", "info")
+    assert rc == 0 and err == "", err
+    assert out.splitlines()[0] == f"gpvi cache: {cache}"
+    assert "2 compiled program(s), 4.9 kB" in out and "limit 64.0 MB" in out
+    assert run(capsys, "cache")[1] == out  # info is the default action
+    rc, out, err = run(capsys, "cache", "clear")
+    assert rc == 0 and err == "", err
+    assert out == f"gpvi cache: removed 2 compiled program(s), 4.9 kB, from {cache}\n"
+    assert sorted(os.listdir(cache)) == ["notes.txt"]
+    assert "0 compiled program(s), 0 bytes" in run(capsys, "cache", "info")[1]
+    rc, out, err = run(capsys, "cache", "clera")
+    assert_bad_input(rc, err, "unknown cache action 'clera'", "did you mean 'clear'", "info, clear")
+    rc, out, err = run(capsys, "--help")
+    assert rc == 0 and "cache" in out
+
+
+def test_cache_size_limit_bad_value_is_one_error_line(tmp_path):
+    env = {**os.environ, "GPVI_COMPILATION_CACHE": str(tmp_path / "cache"), "GPVI_COMPILATION_CACHE_MAX_MB": "1GB"}
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    proc = _gpvi_command("cache", "info", env=env)
+    assert_one_error_line(proc, "GPVI_COMPILATION_CACHE_MAX_MB", "'1GB'", "positive number")

@@ -108,3 +108,87 @@ def test_persistent_cache_location_and_opt_out(tmp_path, monkeypatch, no_cache_c
 def test_default_cache_dir_without_xdg(monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     assert default_cache_dir() == os.path.join(os.path.expanduser("~"), ".cache", "gpvi", "jax")
+
+
+# ------------------------------------------------------- issue 30 §2: a bounded, quiet cache
+def _run_python(code, cache, tmp_path, **extra_env):
+    """Run ``code`` in a fresh process whose gpvi cache is ``cache``; programs are written to it
+    however fast they compiled."""
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")}
+    env.update({"GPVI_COMPILATION_CACHE": str(cache), **extra_env})
+    prelude = ("import gpvi, jax, numpy as np\n"
+               "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)\n")
+    return subprocess.run([sys.executable, "-c", prelude + code], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+
+
+_SMALL_FIT = ("X = np.linspace(0, 1, 24)[:, None]\n"
+              "fit = gpvi.fit(gpvi.GLM(likelihood=gpvi.likelihoods.Poisson()), X, np.arange(24) % 3)\n"
+              "print(fit.converged)\n")
+
+
+def test_a_failed_cache_write_is_silent_and_stops_writing(tmp_path):
+    """JAX warns (UserWarning "Error writing persistent compilation cache entry ...") on every
+    failed write and leaves the empty or truncated entry behind; gpvi's cache swallows the error,
+    removes the entry, writes nothing more in the process, and the fit goes on."""
+    cache = tmp_path / "cache"
+    code = ("import resource, signal\n"
+            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+            + _SMALL_FIT +
+            "from gpvi import _compile\n"
+            "print(_compile.cache_info()['write_error'])\n")
+    proc = _run_python(code, cache, tmp_path)
+    assert "Warning" not in proc.stderr and "Error writing" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    converged, error = proc.stdout.splitlines()
+    assert converged == "True" and "File too large" in error
+    assert os.listdir(cache) == []  # no partial entries
+    # a cache directory replaced by a file after start: no cache, no warning either
+    code = ("import shutil\n"
+            f"shutil.rmtree({str(cache)!r}); open({str(cache)!r}, 'w').close()\n" + _SMALL_FIT)
+    proc = _run_python(code, cache, tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == "True\n", proc.stderr
+
+
+def test_cache_is_kept_under_its_size_limit(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for i in range(8):  # 320 kB of older entries, stale0 the least recently used
+        entry = cache / f"stale{i}-cache"
+        entry.write_bytes(os.urandom(40_000))
+        os.utime(entry, (1e9 + i, 1e9 + i))
+    (cache / "notes.txt").write_text("not an entry")
+    proc = _run_python("print(float(jax.jit(lambda x: x * 3.0 + 1.0)(np.ones(2))[0]))", cache, tmp_path,
+                       GPVI_COMPILATION_CACHE_MAX_MB="0.2")
+    assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == "4.0\n", proc.stderr
+    limit = int(0.2 * 2**20)
+    names = set(os.listdir(cache))
+    entries = [n for n in names if n.endswith("-cache")]
+    assert sum((cache / n).stat().st_size for n in entries) <= limit
+    assert "stale0-cache" not in names and "stale7-cache" in names  # least recently used first
+    assert any(n.startswith("jit_") for n in entries) and "notes.txt" in names
+    # the limit in bytes (default 256 MB), and a bad value: a warning naming the variable, and
+    # gpvi's cache off
+    code = "print(gpvi._compile.cache_limit_bytes())"
+    assert _run_python(code, cache, tmp_path, GPVI_COMPILATION_CACHE_MAX_MB="0.2").stdout == f"{limit}\n"
+    proc = _run_python(code, cache, tmp_path)
+    assert proc.stdout.strip() == str(256 * 2**20), proc.stderr
+    proc = _run_python("print(jax.config.jax_compilation_cache_dir)", cache, tmp_path,
+                       GPVI_COMPILATION_CACHE_MAX_MB="lots")
+    assert proc.returncode == 0 and proc.stdout.strip() == "None"
+    assert "GPVI_COMPILATION_CACHE_MAX_MB must be a positive number" in proc.stderr and "'lots'" in proc.stderr
+
+
+def test_clear_compilation_cache_empties_the_directory(tmp_path):
+    cache = tmp_path / "cache"
+    code = (_SMALL_FIT +
+            "import os\n"
+            f"print(sum(n.endswith('-cache') for n in os.listdir({str(cache)!r})))\n"
+            "print(*gpvi.clear_compilation_cache())\n"
+            f"print(os.listdir({str(cache)!r}))\n"
+            + _SMALL_FIT)  # and the process goes on fitting
+    proc = _run_python(code, cache, tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    converged, written, removed, left, again = proc.stdout.splitlines()
+    assert int(written) > 0 and removed.split()[0] == written and left == "[]" and again == "True"

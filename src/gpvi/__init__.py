@@ -8,10 +8,11 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
+from ._compile import clear_cache as clear_compilation_cache  # noqa: E402
 from ._compile import enable_persistent_cache  # noqa: E402
 
 # Compiled programs are kept on disk (~/.cache/gpvi/jax; GPVI_COMPILATION_CACHE=0 turns it off):
-# a new process loads instead of compiling (see gpvi._compile).
+# a new process loads instead of compiling (see gpvi._compile; clear_compilation_cache() empties it).
 enable_persistent_cache()
 
 from . import diagnostics, engines, io, kernels, likelihoods, metrics  # noqa: E402
@@ -53,5 +54,5 @@ __all__ = [
     "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
     "static", "io", "diagnostics", "stream", "fit_stream", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
     "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess", "multilatent", "MultiLatent",
-    "softmax", "Softmax", "HangError", "set_watchdog",
+    "softmax", "Softmax", "HangError", "set_watchdog", "clear_compilation_cache",
 ]

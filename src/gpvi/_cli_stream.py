@@ -78,6 +78,14 @@ def cmd_fit_stream(args, cli) -> int:
 
     # scalings from the head of the file (a stream has no cheap whole-file statistics)
     X0, y0, _ = src.head(min(args.init_rows, N))
+    from .models import X_ABS_MAX
+
+    for j, name in enumerate(features):  # before the scalings, which would overflow (NumPy warnings)
+        big = np.flatnonzero(np.abs(X0[:, j]) > X_ABS_MAX)
+        if big.size:
+            raise UsageError(f"feature column {name!r} has value {X0[big[0], j]:.6g} in row {int(big[0]) + 1} of "
+                             f"{args.data}: gpvi takes values up to ±{X_ABS_MAX:.0e} (standardising it overflows "
+                             "beyond that); rescale the column (e.g. divide it by a power of ten)")
     x_mean = X0.mean(0)
     x_scale = X0.std(0)
     x_scale = np.where(x_scale > 0, x_scale, 1.0)

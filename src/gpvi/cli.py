@@ -1,12 +1,15 @@
-"""The ``gpvi`` command line: ``gpvi fit``, ``gpvi predict`` and ``gpvi demo``.
+"""The ``gpvi`` command line: ``gpvi fit``, ``gpvi predict``, ``gpvi demo`` and ``gpvi cache``.
 
 ``gpvi fit DATA --target COL --likelihood NAME`` fits a model to a CSV (or Parquet) file and
 writes a model file that also records the feature columns, their standardisation and the
 label coding, so that ``gpvi predict MODEL DATA`` applies the same preprocessing to new rows.
 ``gpvi demo`` fits a Poisson sparse GP to the coal-mining disaster counts that ship with
 gpvi, with the ``fpi`` and ``gradient`` engines, and prints and plots the comparison.
+``gpvi cache info`` shows the on-disk cache of compiled programs (directory, size, limit) and
+``gpvi cache clear`` empties it (see :mod:`gpvi._compile`).
 
-Bad input (a missing file or column, a missing or non-numeric value, labels outside the
+Bad input (a missing file or column, a missing or non-numeric value, a feature or numeric target
+value beyond ±1e150, which standardising would overflow, labels outside the
 likelihood's support, a corrupt model file, an output path that is an input or cannot be
 written, an unknown option value) gives one line ``gpvi: error: …`` on stderr and exit code 2.
 Output files are written atomically (a temporary file in the same folder, renamed into place),
@@ -225,6 +228,35 @@ def _numeric(table: Table, name: str, what: str = "column") -> np.ndarray:
     i = int(bad[0])
     more = f" (and {bad.size - 1} more)" if bad.size > 1 else ""
     raise UsageError(f"{what} {name!r} has non-finite value {vals[i]!r} on {table.where(i)} of {table.path}{more}")
+
+
+def _check_magnitude(table: Table, name: str, arr: np.ndarray, what: str, why: str = "standardising it overflows"):
+    """A UsageError naming column ``name`` and its first value beyond ±:data:`gpvi.models.X_ABS_MAX`,
+    the limit gpvi's models put on their inputs (:func:`gpvi.models.check_input_range`): the
+    column's mean and standard deviation would overflow (with NumPy's RuntimeWarnings) when it
+    is standardised."""
+    from .models import X_ABS_MAX
+
+    big = np.flatnonzero(np.abs(arr) > X_ABS_MAX)
+    if big.size:
+        i = int(big[0])
+        v = table.columns[name][i]
+        shown = repr(v.strip()) if isinstance(v, str) else f"{arr[i]:.6g}"
+        more = f" (and {big.size - 1} more)" if big.size > 1 else ""
+        raise UsageError(f"{what} {name!r} has value {shown} on {table.where(i)} of {table.path}{more}: gpvi "
+                         f"takes values up to ±{X_ABS_MAX:.0e} ({why} beyond that); rescale the column "
+                         "(e.g. divide it by a power of ten)")
+
+
+def _features(table: Table, names) -> np.ndarray:
+    """The feature columns ``names`` as an (N, D) float64 array, each checked to be numeric,
+    finite and within the range that standardising can handle (before it is standardised)."""
+    cols = []
+    for c in names:
+        col = _numeric(table, c, "feature column")
+        _check_magnitude(table, c, col, "feature column")
+        cols.append(col)
+    return np.column_stack(cols)
 
 
 def _split(s):
@@ -512,8 +544,12 @@ def cmd_fit(args) -> int:
     if not features:
         raise UsageError(f"{table.path} has no feature columns besides the target {target!r}")
 
-    X = np.column_stack([_numeric(table, c, "feature column") for c in features])
+    X = _features(table, features)
     y, labels = _encode_target(table, target, lik_name, _split(args.levels), args.positive)
+    if lik_name in STANDARDISED_TARGET:
+        _check_magnitude(table, target, y, "target column")
+    elif lik_name in LOG_LINK:
+        _check_magnitude(table, target, y, "target column", "its mean overflows")
     offset = None
     if args.exposure:
         if lik_name not in LOG_LINK:
@@ -721,7 +757,7 @@ def _design(table, extra, model_path):
     for c in extra["features"]:
         if c not in table.columns:
             table.require(c, "feature column", f" (used to fit {model_path})")
-    X = np.column_stack([_numeric(table, c, "feature column") for c in extra["features"]])
+    X = _features(table, extra["features"])
     Xs = (X - np.asarray(extra["x_mean"])) / np.asarray(extra["x_scale"])
     if extra["intercept"]:
         Xs = np.column_stack([Xs, np.ones(Xs.shape[0])])
@@ -956,6 +992,46 @@ def cmd_demo(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# gpvi cache
+# ---------------------------------------------------------------------------------------------
+CACHE_ACTIONS = ("info", "clear")
+
+
+def _megabytes(n: int) -> str:
+    """A size in bytes as ``1.5 MB`` (MiB), ``12.3 kB`` (KiB) or ``0 bytes``."""
+    if n >= 2**20:
+        return f"{n / 2**20:.1f} MB"
+    return f"{n / 2**10:.1f} kB" if n >= 2**10 else f"{n} bytes"
+
+
+def cmd_cache(args) -> int:
+    from . import _compile
+
+    if args.action == "clear":
+        count, size = _compile.clear_cache()
+        if not args.quiet:
+            print(f"gpvi cache: removed {count} compiled program(s), {_megabytes(size)}, from {_compile.cache_dir()}")
+        return 0
+    info = _compile.cache_info()
+    if not args.quiet:
+        print(f"gpvi cache: {info['directory']}")
+        print(f"  size          {info['entries']} compiled program(s), {_megabytes(info['bytes'])} "
+              f"(limit {_megabytes(info['limit_bytes'])}, set by {_compile.MAX_MB_ENV})")
+        print(f"  state         {'on' if info['active'] else info['note']}")
+    return 0
+
+
+def _check_configuration():
+    """The cache's environment variables, read at import (gpvi._compile): a bad value is the
+    command's one error line."""
+    from . import _compile
+
+    problem = _compile.config_error()
+    if problem:
+        raise UsageError(problem)
+
+
+# ---------------------------------------------------------------------------------------------
 # Parser and entry point
 # ---------------------------------------------------------------------------------------------
 class _Parser(argparse.ArgumentParser):
@@ -982,7 +1058,7 @@ def _choice(what: str, choices):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``gpvi`` argument parser (sub-commands fit, predict and demo)."""
+    """The ``gpvi`` argument parser (sub-commands fit, predict, demo and cache)."""
     from . import __version__
 
     common = _Parser(add_help=False)
@@ -1052,6 +1128,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-M", "--inducing", type=int, default=25, metavar="M", help="inducing inputs (default 25)")
     d.add_argument("--no-plot", action="store_true", help="print the table only (no matplotlib needed)")
     d.set_defaults(func=cmd_demo)
+
+    c = sub.add_parser("cache", parents=[common], help="show or clear the on-disk cache of compiled programs",
+                       description="gpvi keeps compiled programs on disk so that a new run loads instead of "
+                                   "compiling: in $XDG_CACHE_HOME/gpvi/jax (~/.cache/gpvi/jax), or the folder "
+                                   "GPVI_COMPILATION_CACHE names (0 turns it off); least recently used programs "
+                                   "are removed beyond GPVI_COMPILATION_CACHE_MAX_MB megabytes (default 256).")
+    c.add_argument("action", nargs="?", default="info", type=_choice("cache action", CACHE_ACTIONS),
+                   metavar="ACTION", help="info (default): print the folder, its size and limit; clear: remove "
+                                          "every compiled program from it")
+    c.set_defaults(func=cmd_cache)
     return parser
 
 
@@ -1082,6 +1168,7 @@ def _run(argv) -> int:
     except SystemExit as stop:  # --help, --version, usage errors (exit 2)
         return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 2)
     try:
+        _check_configuration()
         return args.func(args)
     except UsageError as err:
         print(f"gpvi: error: {_one_line(err)}", file=sys.stderr)
