@@ -32,7 +32,7 @@ def main():
             def acquire(self):
                 return threadpool_limits(limits=1, user_api="blas").restore_original_limits
 
-        sys.modules["gpvi.fit"]._BLAS_LIMIT = PerCall()
+        sys.modules["gpvi.fitting.runner"].BLAS_LIMIT = PerCall()
 
     def data(seed):
         rng = np.random.default_rng(seed)

@@ -46,12 +46,12 @@ _WORKER = """
 import json, os, sys, time
 import numpy as np
 import jax
-import gpvi, gpvi.objective, gpvi.engines._common, gpvi.warmstart, gpvi.predict
+import gpvi, gpvi.objective, gpvi.engines._common, gpvi.fitting.warmstart, gpvi.fitting.predict
 if os.environ.get("GPVI_BENCH_LOOP") == "1":  # the cure with a sequential lax.map for any Q
     import gpvi._batching
     gpvi._batching.UNROLL_LIMIT = 0
 if os.environ.get("GPVI_BENCH_VMAP") == "1":  # the code before the cure: latents batched by vmap
-    for mod in (gpvi.objective, gpvi.engines._common, gpvi.warmstart, gpvi.predict):
+    for mod in (gpvi.objective, gpvi.engines._common, gpvi.fitting.warmstart, gpvi.fitting.predict):
         mod.map_latents = lambda fn, *args: jax.vmap(fn)(*args)
 task, data = sys.argv[1], sys.argv[2]
 out = {}

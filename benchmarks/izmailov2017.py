@@ -39,9 +39,9 @@ import gpvi  # noqa: E402
 from gpvi import kernels, likelihoods  # noqa: E402
 from gpvi.engines import ENGINES, jj  # noqa: E402
 from gpvi.engines._common import target_and_step  # noqa: E402
-from gpvi.models import _kmeans  # noqa: E402
+from gpvi.models.base import _kmeans  # noqa: E402
 from gpvi.objective import Objective, prior_state  # noqa: E402
-from gpvi.predict import latent_moments  # noqa: E402
+from gpvi.fitting.predict import latent_moments  # noqa: E402
 
 # name: (loader, M, batch size, paper's m where we know it)
 FULL = {

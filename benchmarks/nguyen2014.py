@@ -41,9 +41,9 @@ import numpy as np  # noqa: E402
 import gpvi  # noqa: E402
 from gpvi import GP, MonteCarlo, kernels  # noqa: E402
 from gpvi import likelihoods as L  # noqa: E402
-from gpvi.mog import fit_mog  # noqa: E402
-from gpvi.multilatent import MultiLatent  # noqa: E402
-from gpvi.softmax import Softmax  # noqa: E402
+from gpvi.fitting.mog import fit_mog  # noqa: E402
+from gpvi.models.multilatent import MultiLatent  # noqa: E402
+from gpvi.likelihoods.softmax import Softmax  # noqa: E402
 
 DATA = os.environ.get("GPVI_AGP_SPLITS", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data",
                                                       "agp_splits"))

@@ -228,7 +228,7 @@ def large_child(kind, args):
 
     import gpvi
     from gpvi.objective import Objective, prior_state
-    from gpvi.sources import ParquetSource
+    from gpvi.data.sources import ParquetSource
 
     out = {"kind": kind}
     if kind == "uncached":
@@ -254,7 +254,7 @@ def large_child(kind, args):
         import jax.numpy as jnp
 
         from gpvi.models import kl_standard_normal
-        from gpvi.predict import latent_moments
+        from gpvi.fitting.predict import latent_moments
 
         prior = model.prior_cache(None)
         m, v = latent_moments(model, prior, st, X, None, 2048)

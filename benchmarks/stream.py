@@ -114,7 +114,7 @@ def run_one(lik, a, workdir, log):
     gen_s = time.perf_counter() - t
     log(f"{lik}: wrote {a.n} rows to {path} in {gen_s:.1f} s")
     Xte, yte = _rows(lik, a.n_test, a.seed, 0)  # block 0 is never in the file
-    src = gpvi.stream.from_parquet(path, "y")
+    src = gpvi.data.stream.from_parquet(path, "y")
     Xh, yh, _ = src.head(min(100_000, a.n))
     likelihood = L.Poisson() if lik == "poisson" else L.Bernoulli()
     kernel = gpvi.kernels.RBF(variance=1.0, lengthscale=1.5)

@@ -10,11 +10,12 @@ import pytest
 import gpvi
 import importlib
 
-from gpvi import collapsed, objective
+from gpvi.fitting import collapsed as collapsed
+from gpvi import objective
 from gpvi import likelihoods as L
 from gpvi._compile import bucket, default_cache_dir, enable_persistent_cache
 
-fit_module = importlib.import_module("gpvi.fit")  # the module (gpvi.fit is the function)
+fit_module = importlib.import_module("gpvi.fitting.hyper")  # the module of the profile search
 
 
 def test_ladder():
@@ -40,7 +41,7 @@ def test_sizes_in_one_bucket_compile_the_data_pass_once(rng):
     assert bucket(310) == bucket(330) != bucket(370)
     Z = rng.normal(size=(12, 2))
     model = gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=[1.0, 1.0]), L.Bernoulli(), inducing=Z)
-    programs = (objective._setup, objective._sums, fit_module._neg_vlb_and_grad)
+    programs = (objective.chunk_setup, objective._sums, fit_module.neg_vlb_and_grad)
 
     def fit_and_count(N):
         before = [f._cache_size() for f in programs]

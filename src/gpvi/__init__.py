@@ -8,31 +8,32 @@ import jax
 
 jax.config.update("jax_enable_x64", True)
 
-from ._compile import clear_cache as clear_compilation_cache  # noqa: E402
-from ._compile import enable_persistent_cache  # noqa: E402
+from gpvi._compile import clear_cache as clear_compilation_cache  # noqa: E402
+from gpvi._compile import enable_persistent_cache  # noqa: E402
 
 # Compiled programs are kept on disk (~/.cache/gpvi/jax; GPVI_COMPILATION_CACHE=0 turns it off):
 # a new process loads instead of compiling (see gpvi._compile; clear_compilation_cache() empties it).
 enable_persistent_cache()
 
-from . import diagnostics, engines, io, kernels, likelihoods, metrics  # noqa: E402
-from ._module import Module, param, static  # noqa: E402
-from ._watchdog import HangError, set_watchdog  # noqa: E402
-from .fit import FitResult, fit, learnable_parameters  # noqa: E402
-from .models import GLM, GP, Model, SparseGP  # noqa: E402
-from .objective import Objective, State, prior_state  # noqa: E402
-from . import montecarlo  # noqa: E402
-from .montecarlo import MonteCarlo  # noqa: E402
-from . import multilatent, pointprocess, softmax, warped  # noqa: E402
-from .multilatent import MultiLatent  # noqa: E402
-from .softmax import Softmax  # noqa: E402
-from .warped import Warped  # noqa: E402
+from gpvi import diagnostics, engines, io, kernels, metrics
+from gpvi import likelihoods  # noqa: E402
+from gpvi._module import Module, param, static  # noqa: E402
+from gpvi._watchdog import HangError, set_watchdog  # noqa: E402
+from gpvi.fitting.fit import FitResult, fit, learnable_parameters  # noqa: E402
+from gpvi.models.base import GLM, GP, Model, SparseGP  # noqa: E402
+from gpvi.objective import Objective, State, prior_state  # noqa: E402
+from gpvi.likelihoods import montecarlo  # noqa: E402
+from gpvi.likelihoods.montecarlo import MonteCarlo  # noqa: E402
+from gpvi.models import multilatent
+from gpvi import pointprocess
+from gpvi.likelihoods import softmax, warped  # noqa: E402
+from gpvi.models.multilatent import MultiLatent  # noqa: E402
+from gpvi.likelihoods.softmax import Softmax  # noqa: E402
+from gpvi.likelihoods.warped import Warped  # noqa: E402
 
-from . import stream  # noqa: E402
-from .streaming import fit_stream  # noqa: E402
+from gpvi.data import stream  # noqa: E402
+from gpvi.fitting.stream import fit_stream  # noqa: E402
 
-for _cls in (MonteCarlo, Warped, Softmax, MultiLatent):  # components outside likelihoods.py/models.py, saved in model files too
-    io.register(_cls)
 
 __version__ = "0.1.0"
 
@@ -45,7 +46,7 @@ def __getattr__(name):
     if name in _ESTIMATORS or name == "estimators":
         import importlib
 
-        estimators = importlib.import_module(f"{__name__}.estimators")
+        estimators = importlib.import_module("gpvi.sklearn.estimators")
         return estimators if name == "estimators" else getattr(estimators, name)
     raise AttributeError(f"module 'gpvi' has no attribute {name!r}")
 

@@ -14,7 +14,7 @@ jax/jaxlib 0.10.2 on two cores, in most multiclass fits).
 :func:`map_latents` applies the function to each block separately (a static unrolled loop, or
 ``lax.map`` for many blocks), so every LAPACK call in gpvi's programs is unbatched and runs
 inline on the thread that starts it; independent blocks can still run in parallel, as separate
-operations scheduled by XLA.  ``tests/test_hang.py`` checks the compiled programs of the
+operations scheduled by XLA.  ``tests/integration/test_hang.py`` checks the compiled programs of the
 multi-latent fits for batched LAPACK calls.
 """
 from __future__ import annotations

@@ -44,8 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .likelihoods import (Bernoulli, Exponential, Gaussian, Laplace, Likelihood, Ordinal, Poisson,
-                          StochasticVolatility, StudentT)
+from gpvi.likelihoods import Bernoulli, Exponential, Gaussian, Laplace, Likelihood, Ordinal, Poisson, StochasticVolatility, StudentT
 
 __all__ = ["gamma", "gamma_slope", "check_conditions", "check_fit", "has_closed_form",
            "ConditionReport", "FitConditions", "DEFAULT_QUADRATURE"]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 import numpy as np
 
-from ._module import Module, is_tracer, param
+from gpvi._module import Module, is_tracer, param
 
 __all__ = [
     "Kernel", "RBF", "Matern12", "Matern32", "Matern52", "Linear", "Constant", "White", "Sum",

@@ -6,7 +6,7 @@ Everything an engine needs from the data is three sums over observations
 working memory is O(chunk·d + d²) whatever N is.  When the projections ``a_i`` of all rows fit
 in ``cache_bytes`` they are computed once and kept, which saves the kernel evaluation in every
 later pass; otherwise they are recomputed chunk by chunk (for the sparse GP the pass then sums in
-the raw kernel features and maps the sums through L⁻¹ once, see :func:`_pass`).  Either way
+the raw kernel features and maps the sums through L⁻¹ once, see :func:`data_pass`).  Either way
 they are held in row blocks (see :func:`num_blocks`), so that the two O(n·d²) products of a pass
 skip the zero half of the triangular covariance factor and the upper half of the symmetric
 ``Σ λ_i a_i a_iᵀ``.
@@ -24,8 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-from ._batching import map_latents
-from .models import GLM, GP, Model, SparseGP, factored, jitter_scale, kl_standard_normal
+from gpvi._batching import map_latents
+from gpvi.models.base import GLM, GP, Model, SparseGP, factored, jitter_scale, kl_standard_normal
 
 __all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]
 
@@ -143,7 +143,7 @@ def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK, buckete
     C = -(-N // int(max(1, chunk_size)))
     n = -(-N // C) if C else 1
     if bucketed:
-        from ._compile import bucket
+        from gpvi._compile import bucket
 
         n = max(n, min(bucket(n), int(chunk_size)))
     pad = C * n - N
@@ -264,14 +264,14 @@ def assemble_gram(lower, k: int):
     return jnp.block(rows) if k > 1 else rows[0][0]
 
 
-def _stacked(state):
+def stacked_state(state):
     """``[mean; cholᵀ]`` (d+1, d): its product with a chunk gives the latent means (row 0)
     and ``cholᵀ a_i``, whose squared norms are the variances ``a_iᵀ V a_i``."""
     return jnp.concatenate([state.mean[None], state.chol.T], axis=0)
 
 
-def _marginals_stacked(blocks, b, c, off, W):
-    """Means and variances of the latents of one chunk under q, from ``W = _stacked(state)``
+def marginals_stacked(blocks, b, c, off, W):
+    """Means and variances of the latents of one chunk under q, from ``W = stacked_state(state)``
     and the chunk's projections in row blocks.
 
     ``W[1:] = cholᵀ`` is upper triangular (``State.chol`` is lower triangular), so row block i
@@ -329,7 +329,7 @@ def split_gram(S, k: int) -> tuple:
 def _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw):
     """``(A, m, v, v0)`` of one chunk: the rows its sums are taken over, in row blocks (the
     projections, or the raw features ``F`` of a factored model when ``raw``), the latents'
-    means and variances under q (``W`` from :func:`_stacked` or :func:`_raw_operator`), and the
+    means and variances under q (``W`` from :func:`stacked_state` or :func:`_raw_operator`), and the
     part of the variances that q does not set: ``v − v0 = a_iᵀ V a_i`` (``v0 = c``), or
     ``a_iᵀ (V − I) a_i`` when ``raw`` (``v0 = k``)."""
     if raw:
@@ -337,7 +337,7 @@ def _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw):
         F = split_rows(F, blocks)
         return (F, *_raw_marginals(F, b, k, ch.offset, W), k)
     A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
-    m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+    m, v = per_latent(lambda A_, b_, c_, W_: marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
     return A, m, v, c
 
 
@@ -348,11 +348,11 @@ def _pass_setup(model, prior, state, cached):
     Q = is_batched(state)  # several latents: per-latent blocks of the same sums (see per_latent)
     raw = not cached and not Q and factored(model)
     pcache = None if cached else model.pass_cache(prior)
-    W = _raw_operator(state, pcache) if raw else per_latent(_stacked, Q, state)
+    W = _raw_operator(state, pcache) if raw else per_latent(stacked_state, Q, state)
     return Q, raw, pcache, W
 
 
-def _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False, want_rows=False,
+def data_pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False, want_rows=False,
           want_trace=False):
     """The raw partial sums of one pass over ``chunks``: ``(Σ E_i, Σ ρ_i a_i, lower row blocks of
     Σ λ_i a_i a_iᵀ)`` (the last an empty tuple without ``want_hessian``).
@@ -458,12 +458,12 @@ def add_partials(parts):
 def _sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False, want_rows=False):
     """:class:`Sums` over all chunks: ``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)``, with
     ``want_hessian`` also ``tr(S V)``, and with ``want_rows`` the rows' curvatures in the means."""
-    sums, extras = _pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma, want_rows,
+    sums, extras = data_pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma, want_rows,
                          want_trace=True)
     return Sums(*finish_sums(sums, state, blocks, want_hessian), **extras)
 
 
-def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
+def expected_pass(model, prior, chunks, proj, state, cached, blocks):
     """``Σ E_i`` over ``chunks`` (no derivatives): the partial sum behind :meth:`Objective.vlb`."""
     lik = model.likelihood
     Q, raw, pcache, W = _pass_setup(model, prior, state, cached)
@@ -481,7 +481,7 @@ def _expected_pass(model, prior, chunks, proj, state, cached, blocks):
 @partial(jax.jit, static_argnames=("cached", "blocks"))
 def _expected(model, prior, chunks, proj, state, cached, blocks):
     """The VLB only (no derivatives)."""
-    return _expected_pass(model, prior, chunks, proj, state, cached, blocks) - kl_state(state)
+    return expected_pass(model, prior, chunks, proj, state, cached, blocks) - kl_state(state)
 
 
 @partial(jax.jit, static_argnames=("max_iter",))
@@ -511,11 +511,11 @@ def _coupled_direction(model, chunks, proj, state, grad, RH, rows_h=None, max_it
     """
     if rows_h is None:
         lik = model.likelihood
-        W = per_latent(_stacked, True, state)
+        W = per_latent(stacked_state, True, state)
 
         def curvature(xs):
             ch, (A, b, c) = xs
-            m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), True,
+            m, v = per_latent(lambda A_, b_, c_, W_: marginals_stacked(A_, b_, c_, ch.offset, W_), True,
                               A, b, c, W)
             h = lik.moments_and_mean_hessians(ch.y, m.T, v.T)[3]
             return jnp.where((ch.mask > 0)[:, None, None], h, 0.0)
@@ -562,16 +562,16 @@ def _coupled_direction(model, chunks, proj, state, grad, RH, rows_h=None, max_it
     return x, 0.5 * (jnp.vdot(grad, x) + jnp.vdot(r, x))
 
 
-def _all_finite(tree):
+def all_finite(tree):
     return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(tree)]))
 
 
 @partial(jax.jit, static_argnames=("cached", "blocks"))
-def _setup(model, X, chunk_X, cached, blocks):
+def chunk_setup(model, X, chunk_X, cached, blocks):
     """The prior cache, whether it is finite, and (``cached``) the projections of all chunks in
     row blocks — one compiled program for everything an :class:`Objective` precomputes."""
     prior = model.prior_cache(X)
-    finite = _all_finite(prior)
+    finite = all_finite(prior)
     train = training_chunks(model, prior, X, chunk_X, blocks) if cached else None
     if train is not None:
         return prior, finite, train
@@ -643,7 +643,7 @@ class Objective:
         self.blocks = num_blocks(self.dim) if blocks is None else int(blocks)
         if not 1 <= self.blocks <= self.dim:
             raise ValueError(f"blocks must be between 1 and the number of weights ({self.dim}), got {blocks!r}")
-        self.prior, self._prior_finite, self.proj = _setup(model, prior_inputs(model, self.X, self.chunks),
+        self.prior, self._prior_finite, self.proj = chunk_setup(model, prior_inputs(model, self.X, self.chunks),
                                                            self.chunks.X, self.cached, self.blocks)
         self.num_evaluations = 0
         # Q latents that the likelihood couples: the mean steps use the joint Newton direction
@@ -692,13 +692,13 @@ def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: Stat
     are computed in turn."""
     lik = model.likelihood
     Q = is_batched(state)
-    W = per_latent(_stacked, Q, state)
+    W = per_latent(stacked_state, Q, state)
     pcache = None if proj is not None else model.pass_cache(prior)
 
     @jax.checkpoint
     def chunk_E(ch, pr):
         A, b, c = pass_projection(model, pcache, ch, pr, proj is not None, blocks)
-        m, v = per_latent(lambda A_, b_, c_, W_: _marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+        m, v = per_latent(lambda A_, b_, c_, W_: marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
         E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
 
@@ -812,7 +812,7 @@ def _batch_data_sums(model, prior, batch: Chunks, W, blocks: int, want_hessian: 
     ``batch`` (fields (B, ·), no leading chunk axis), unscaled; the same per-chunk algebra as
     :func:`_sums`."""
     A, b, c = minibatch_projection(model, prior, batch, blocks, pcache) if proj is None else proj
-    m, v = _marginals_stacked(A, b, c, batch.offset, W)
+    m, v = marginals_stacked(A, b, c, batch.offset, W)
     E, rho, lam = model.likelihood.variational_moments(batch.y, m, v)
     keep = batch.mask > 0
     E, rho, lam = (jnp.where(keep, t, 0.0) for t in (E, rho, lam))
@@ -837,7 +837,7 @@ def minibatch_sums(model, prior, batch: Chunks, state: State, scale, blocks: int
     ``proj`` (:func:`minibatch_projection`, batches of at most ``DEFAULT_CHUNK`` rows) reuses the
     batch's projections.
     """
-    W = _stacked(state)
+    W = stacked_state(state)
     d = state.mean.shape[0]
     if proj is not None or batch.mask.shape[0] <= DEFAULT_CHUNK:
         sE, Arho, P = _batch_data_sums(model, prior, batch, W, blocks, want_hessian, clip_gamma, proj)
@@ -862,12 +862,12 @@ def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, pr
     projections (:func:`minibatch_projection`)."""
     if prior is None and proj is None:
         prior = model.prior_cache(batch.X)
-    W = _stacked(state)
+    W = stacked_state(state)
     pcache = model.pass_cache(prior) if proj is None else None
 
     def chunk_E(ch, pr=None):
         A, b, c = minibatch_projection(model, prior, ch, blocks, pcache) if pr is None else pr
-        m, v = _marginals_stacked(A, b, c, ch.offset, W)
+        m, v = marginals_stacked(A, b, c, ch.offset, W)
         return jnp.sum(jnp.where(ch.mask > 0, model.likelihood.expected_log_prob(ch.y, m, v), 0.0))
 
     if proj is not None or batch.mask.shape[0] <= DEFAULT_CHUNK:

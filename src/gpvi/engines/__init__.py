@@ -1,5 +1,8 @@
-"""Inference engines: each is ``run(objective, state, *, tol, max_iter, callback)`` →
-:class:`~gpvi.engines._common.EngineResult`, all maximising the same VLB.
+"""Inference engines, one :class:`Engine` record each in one registry (:mod:`gpvi.engines.registry`).
+
+Every engine maximises the same VLB: ``run(objective, state, *, tol, max_iter, callback, ...)`` →
+:class:`~gpvi.engines._common.EngineResult`.  ``ENGINES`` maps each name to its record (a record
+is callable like its ``run``); :func:`register` adds one.  The engines gpvi ships:
 
 =============  ==================================================================
 ``fpi``        incremental fixed point: Newton on m + FP on V per step (default)
@@ -17,11 +20,17 @@
 ``svi``        minibatch AdaDelta/Adam on (m, chol V[, θ]) (Hensman et al. 2015)
 =============  ==================================================================
 """
-from . import dual, fpb, fpi, gradient, ivsgpr, jj, laplace, sfp, svi
-from ._common import EngineResult
+from gpvi.engines import dual, fpb, fpi, gradient, ivsgpr, jj, laplace, sfp, svi
+from gpvi.engines._common import EngineResult
+from gpvi.engines.registry import REGISTRY, Engine, get, names, register, unregister
 
-ENGINES = {"fpi": fpi.run, "fpb": fpb.run, "gradient": gradient.run, "laplace": laplace.run,
-           "dual": dual.run, "svi": svi.run, "sfp": sfp.run, "ivsgpr": ivsgpr.run}
-ENGINES.update({"jj": jj.run_jj, "taylor": jj.run_taylor, "jj-hybrid": jj.run_hybrid, "jj-full": jj.run_full})
+for _module in (fpi, fpb, gradient, laplace, dual, sfp, svi, ivsgpr):
+    register(_module.ENGINE)
+for _engine in jj.ENGINES:
+    register(_engine)
 
-__all__ = ["ENGINES", "EngineResult", "fpb", "fpi", "gradient", "laplace"]
+#: name → :class:`Engine` (the registry itself: engines registered later appear here too).
+ENGINES = REGISTRY
+
+__all__ = ["ENGINES", "Engine", "EngineResult", "register", "unregister", "get", "names",
+           "dual", "fpb", "fpi", "gradient", "ivsgpr", "jj", "laplace", "sfp", "svi"]

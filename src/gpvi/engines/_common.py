@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import cho_solve, solve_triangular
 
-from .._batching import map_latents
-from ..objective import State, Sums
-from .._watchdog import paused
+from gpvi._batching import map_latents
+from gpvi.objective import State, Sums
+from gpvi._watchdog import paused
 
 
 @dataclasses.dataclass
@@ -146,7 +146,7 @@ def _estimated_gap(state: State, grad, S, trSV=None):
     not positive definite.  ``trSV``: ``tr(S V)`` from the data pass, if known (see
     :func:`_covariance_gap`).
     """
-    RH = _reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
+    RH = reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
     return _gap_from_factor(state, grad, RH, trSV), RH
 
 
@@ -171,7 +171,7 @@ def objective_gap(objective, state: State, sums) -> float:
     return float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
 
 
-def _reversed_chol(H):
+def reversed_chol(H):
     """Lower-triangular ``R`` with ``J H J = R Rᵀ``, ``J`` the order-reversing permutation.
 
     Then ``H = U Uᵀ`` with ``U = J R J`` upper triangular, so ``H⁻¹ = U⁻ᵀ U⁻¹`` has the
@@ -179,10 +179,10 @@ def _reversed_chol(H):
     the covariance factor of a precision, without forming ``H⁻¹`` and factorising it again.
     NaN when ``H`` is not positive definite.
     """
-    return jnp.linalg.cholesky(_flip(0.5 * (H + H.T)))
+    return jnp.linalg.cholesky(flip(0.5 * (H + H.T)))
 
 
-def _flip(X):
+def flip(X):
     return X[::-1, ::-1]
 
 
@@ -210,12 +210,12 @@ def tri_inv(R):
 
 @jax.jit
 def precision_chol(S):
-    """Reversed Cholesky factor (see :func:`_reversed_chol`) of ``H = I − S``, the
+    """Reversed Cholesky factor (see :func:`reversed_chol`) of ``H = I − S``, the
     fixed-point target precision; NaN if H is not positive definite.  ``S`` (Q, d, d): one
     factor per latent block."""
     if S.ndim == 3:
         return map_latents(precision_chol, S)
-    return _reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
+    return reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
 
 
 @partial(jax.jit, static_argnames=("update_mean", "update_cov"))
@@ -243,7 +243,7 @@ def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direct
         def damped():
             # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H.
             Linv = tri_inv(state.chol)
-            return _reversed_chol((1.0 - alpha) * (transposed(Linv) @ Linv) + alpha * _flip(RH @ RH.T))
+            return reversed_chol((1.0 - alpha) * (transposed(Linv) @ Linv) + alpha * flip(RH @ RH.T))
 
         R = jax.lax.cond(alpha < 1.0, damped, lambda: RH)
     else:
@@ -257,7 +257,7 @@ def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direct
         mean = state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1]
     if update_cov:
         # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
-        chol = _flip(tri_inv(R).T)
+        chol = flip(tri_inv(R).T)
     else:
         chol = state.chol
     return State(mean, chol)
@@ -291,7 +291,7 @@ def coupled_target(objective, state: State, grad, S, rows_h=None, trSV=None):
     means and the estimated gap with the mean's share ``½ gᵀ d``.  ``d`` is ``None`` (and the gap
     ``inf``) when some ``I − S_q`` is not positive definite."""
     RH = precision_chol(S)
-    if not _finite(RH):
+    if not is_finite(RH):
         return RH, None, float("inf")
     d, mean_gain = objective.newton_direction(state, grad, RH, rows_h)
     return RH, d, float(_coupled_gap(state, RH, mean_gain, trSV))
@@ -306,7 +306,7 @@ def state_from_precision_chol(mean, R):
     return State(mean, jnp.linalg.cholesky(0.5 * (V + V.T)))
 
 
-def _finite(x) -> bool:
+def is_finite(x) -> bool:
     # NumPy on the (d, d) result: not worth an XLA compilation per problem size
     return bool(np.all(np.isfinite(np.asarray(x))))
 
@@ -368,7 +368,7 @@ class SafeguardedAscent:
         else:
             RH, prop, gap = target_and_step(state, sums.grad, sums.S, alpha, update_mean, update_cov, sums.trSV)
             self.gap = float(gap)
-        if not _finite(RH):
+        if not is_finite(RH):
             # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not
             # log-concave, e.g. Student-t, far from the optimum).  Use γ clipped at 0
             # (Sheth & Khardon 2016, §5) for this step; at the optimum I − S = V⁻¹ is
@@ -383,7 +383,7 @@ class SafeguardedAscent:
         new = self.objective.sums(prop)
         v = float(new.vlb)
         slack = 1e-13 * max(1.0, abs(float(sums.vlb)))
-        ok = np.isfinite(v) and v >= float(sums.vlb) - slack and _finite(prop.chol)
+        ok = np.isfinite(v) and v >= float(sums.vlb) - slack and is_finite(prop.chol)
         return (prop, new) if ok else None
 
     def _halving(self, state, sums, update_mean, update_cov, alpha, stop_below=None):

@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..objective import Chunks, Objective, State, vlb_in_hyperparameters
-from ..stream import Stream, from_arrays
-from .._watchdog import paused
-from ._common import EngineResult
+from gpvi.objective import Chunks, Objective, State, vlb_in_hyperparameters
+from gpvi.data.stream import Stream, from_arrays
+from gpvi._watchdog import paused
+from gpvi.engines._common import EngineResult
 
 DEFAULT_BATCH = 1024
 
@@ -144,7 +144,7 @@ def finish(objective, model, state, vlb_est, steps, epochs_done, B, clock, tol, 
     """The :class:`EngineResult` of a stochastic run: the full-data VLB and estimated gap at
     the final state when the data are in memory (off the clock), else the last epoch's mean
     minibatch estimate of the VLB and a NaN gap."""
-    from ._common import estimated_gap, gap_threshold
+    from gpvi.engines._common import estimated_gap, gap_threshold
 
     gap, converged = float("nan"), False
     if objective is not None:

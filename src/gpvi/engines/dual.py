@@ -60,11 +60,11 @@ import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln
 
-from ..likelihoods import Bernoulli, Gaussian, Poisson
-from ..objective import (Objective, State, _marginals_stacked, _stacked, assemble_gram, block_gram,
-                         block_sum_squares, block_vecmat, chunk_projection, zero_gram)
-from ..quadrature import gauss_hermite
-from ._common import Clock, EngineResult, final_gap, gap_threshold, state_from_precision_chol
+from gpvi.likelihoods import Bernoulli, Gaussian, Poisson
+from gpvi.objective import Objective, State, marginals_stacked, stacked_state, assemble_gram, block_gram, block_sum_squares, block_vecmat, chunk_projection, zero_gram
+from gpvi.likelihoods.quadrature import gauss_hermite
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import Clock, EngineResult, final_gap, gap_threshold, state_from_precision_chol
 
 __all__ = ["bernoulli_conjugate", "dual_objective", "initial_dual", "recover_primal", "run"]
 
@@ -374,12 +374,12 @@ def _primal(model, prior, chunks, proj, alpha, gamma, cached, blocks, dim0):
 def _marginal_moments(model, prior, chunks, proj, state, cached, blocks):
     """``(E, ρ, λ)`` per row (C, n) at ``state``'s marginals."""
     lik = model.likelihood
-    W = _stacked(state)
+    W = stacked_state(state)
 
     def body(_, xs):
         ch, pr = xs
         A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
-        m, v = _marginals_stacked(A, b, c, ch.offset, W)
+        m, v = marginals_stacked(A, b, c, ch.offset, W)
         return None, lik.variational_moments(ch.y, m, v)
 
     _, out = jax.lax.scan(body, None, (chunks, proj))
@@ -631,3 +631,6 @@ def _ok(res) -> bool:
     # 0: converged (ftol/gtol), 1: iteration limit (handled by the caller), 99: our callback
     # stopped it on the duality gap.  Anything else is a line-search or evaluation failure.
     return int(res.status) in (0, 1, 99)
+
+
+ENGINE = Engine("dual", run, "L-BFGS-B on the dual problem (Khan et al. 2013; Gaussian, Poisson, Bernoulli)", data="rows")

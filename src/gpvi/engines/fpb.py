@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..objective import Objective, State
-from ._common import (Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap, gap_threshold,
-                      stalled_message)
+from gpvi.objective import Objective, State
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap, gap_threshold, stalled_message
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
@@ -64,3 +64,6 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
                         mean_guard.backtracks + cov_guard.backtracks,
                         mean_guard.cycles + cov_guard.cycles, objective.num_evaluations,
                         mean_guard.clipped + cov_guard.clipped, gap=gap)
+
+
+ENGINE = Engine("fpb", run, "batch fixed point: Newton on m to convergence, then a fixed-point step on V (Sheth et al. 2015)", data="sums")

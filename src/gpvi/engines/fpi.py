@@ -37,8 +37,9 @@ from collections import deque
 
 import numpy as np
 
-from ..objective import Objective, State
-from ._common import Clock, EngineResult, SafeguardedAscent, gap_threshold, objective_gap, stalled_message
+from gpvi.objective import Objective, State
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import Clock, EngineResult, SafeguardedAscent, gap_threshold, objective_gap, stalled_message
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
@@ -148,3 +149,6 @@ def _sequential_step(mean_guard, cov_guard, state, sums, stop_below):
     if out_v is None:
         return None if out_m is None else out_m
     return out_v[0], out_v[1], min(alpha_m, out_v[2])
+
+
+ENGINE = Engine("fpi", run, "incremental fixed point: a Newton step on m and a fixed-point step on V per iteration (Sheth et al. 2015; default)", data="sums", latents=True)

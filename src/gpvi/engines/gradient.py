@@ -18,8 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from ..objective import Objective, State
-from ._common import Clock, EngineResult, estimated_gap, final_gap, gap_threshold
+from gpvi.objective import Objective, State
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import Clock, EngineResult, estimated_gap, final_gap, gap_threshold
 
 
 # A state of Q latent blocks (mean (Q, d), gpvi.multilatent) is packed block after block; the
@@ -153,3 +154,6 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     ok = bool(cur["gap"] <= cur["thr"])
     return EngineResult(final, -float(cur["f"]), cur["it"], ok, msg, clock.trace,
                         evaluations=objective.num_evaluations, gap=float(cur["gap"]))
+
+
+ENGINE = Engine("gradient", run, "L-BFGS on (m, chol V) jointly", data="sums", latents=True)

@@ -50,19 +50,17 @@ import numpy as np
 import scipy.optimize
 from jax.scipy.linalg import cho_solve, solve_triangular
 
-from .._module import flatten_params, unflatten_params
-from ..stream import from_arrays
-from ..kernels import RBF, MultiscaleRBF
-from ..likelihoods import Gaussian
-from ..models import SparseGP, cholesky, kl_standard_normal
-from ..objective import Objective, State
-from .._watchdog import paused
-from ._common import Clock, EngineResult
+from gpvi._module import flatten_params, unflatten_params
+from gpvi.data.stream import from_arrays
+from gpvi.kernels import RBF, MultiscaleRBF
+from gpvi.likelihoods import Gaussian
+from gpvi.models.base import SparseGP, cholesky, kl_standard_normal
+from gpvi.objective import Objective, State
+from gpvi._watchdog import paused
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import Clock, EngineResult
 
 __all__ = ["run", "minibatches", "step_size_at", "prepare_model"]
-
-# fit() lets an engine with this flag learn θ and Z itself and takes the model it returns
-learns_hyperparameters = True
 
 ADA_MAX_EVALS = 100  # the cap of the paper's Fig. 1b
 ADA_RTOL = 1e-5
@@ -367,4 +365,4 @@ def _solve_subproblem(model, names, prev, batch, scale, gamma, evals, ada_max_ev
     return unflatten_params(model, unravel(jnp.asarray(best["x"]))), count[0]
 
 
-run.learns_hyperparameters = learns_hyperparameters
+ENGINE = Engine("ivsgpr", run, "minibatch stochastic mirror ascent learning hyperparameters and inducing inputs online (Cheng & Boots 2016; sparse GP, Gaussian likelihood)", data="minibatch", hyperparameters="joint")

@@ -58,13 +58,13 @@ import numpy as np
 import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 
-from .._module import flatten_params, unflatten_params
-from ..likelihoods import Bernoulli
-from .._watchdog import paused
-from ..objective import (Objective, State, _setup, _stacked, _marginals_stacked, chunk_projection,
-                         vlb_in_hyperparameters)
-from ..surrogates import COEFFICIENTS, SURROGATES, optimal_xi
-from ._common import EngineResult, _flip, _reversed_chol, final_gap, gap_threshold, target_and_step, tri_inv
+from gpvi._module import flatten_params, unflatten_params
+from gpvi.likelihoods import Bernoulli
+from gpvi._watchdog import paused
+from gpvi.objective import Objective, State, chunk_setup, stacked_state, marginals_stacked, chunk_projection, vlb_in_hyperparameters
+from gpvi.likelihoods.surrogates import COEFFICIENTS, SURROGATES, optimal_xi
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import EngineResult, flip, reversed_chol, final_gap, gap_threshold, target_and_step, tri_inv
 
 __all__ = ["run_jj", "run_taylor", "run_hybrid", "run_full", "learn", "collapsed_bound",
            "surrogate_objective", "SUPPORTED"]
@@ -108,7 +108,7 @@ def with_model(objective: Objective, model) -> Objective:
     recomputed (one compiled set-up call)."""
     new = copy.copy(objective)
     new.model = model
-    new.prior, new._prior_finite, new.proj = _setup(model, new.X, new.chunks.X, new.cached, new.blocks)
+    new.prior, new._prior_finite, new.proj = chunk_setup(model, new.X, new.chunks.X, new.cached, new.blocks)
     new.num_evaluations = 0
     return new
 
@@ -116,12 +116,12 @@ def with_model(objective: Objective, model) -> Objective:
 @partial(jax.jit, static_argnames=("cached", "blocks"))
 def _marginals(model, prior, chunks, proj, state, cached, blocks):
     """Latent means and variances ``(C, n)`` of every row (padding rows included)."""
-    W = _stacked(state)
+    W = stacked_state(state)
 
     def one(xs):
         ch, pr = xs
         A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
-        return _marginals_stacked(A, b, c, ch.offset, W)
+        return marginals_stacked(A, b, c, ch.offset, W)
 
     return jax.lax.map(one, (chunks, proj))
 
@@ -163,7 +163,7 @@ def collapsed_bound(model, X, chunks, xi, kind: str):
     d = model.num_weights(X)
     init = (jnp.zeros(()), jnp.zeros(d), jnp.zeros((d, d)))
     (const, g, P), _ = jax.lax.scan(body, init, (chunks, xi))
-    R = _reversed_chol(jnp.eye(d) + 2.0 * P)
+    R = reversed_chol(jnp.eye(d) + 2.0 * P)
     z = solve_triangular(R, g[::-1], lower=True)  # zᵀz = gᵀ P⁻¹ g
     value = const + 0.5 * (z @ z) - jnp.sum(jnp.log(jnp.diag(R)))
     return value, (g, R)
@@ -174,7 +174,7 @@ def state_from_collapsed(g, R) -> State:
     """The maximiser ``q* = N(P⁻¹ g, P⁻¹)`` from :func:`collapsed_bound`'s ``(g, R)``."""
     z = solve_triangular(R, g[::-1], lower=True)
     mean = solve_triangular(R.T, z, lower=False)[::-1]
-    return State(mean, _flip(tri_inv(R).T))
+    return State(mean, flip(tri_inv(R).T))
 
 
 def _neg_collapsed(theta, xi, model, X, chunks, kind):
@@ -496,6 +496,15 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
     return res, model, obj
 
 
-# fit() looks for a ``learn`` attribute: these engines drive their own hyperparameter search.
-for _run, _name in ((run_jj, "jj"), (run_taylor, "taylor"), (run_hybrid, "jj-hybrid"), (run_full, "jj-full")):
-    _run.learn = partial(learn, engine=_name)
+# Four engines: each drives its own hyperparameter search (the alternations of Izmailov &
+# Kropotov 2017) instead of fit()'s profile search.
+ENGINES = (
+    Engine("jj", run_jj, "Jaakkola-Jordan bound: analytic xi, mu, Sigma (Izmailov & Kropotov 2017; Bernoulli logit)",
+           hyperparameters="own", learn=partial(learn, engine="jj")),
+    Engine("taylor", run_taylor, "Taylor expansion at the marginal means: analytic mu, Sigma (Izmailov & Kropotov 2017; "
+           "Bernoulli logit)", hyperparameters="own", learn=partial(learn, engine="taylor")),
+    Engine("jj-hybrid", run_hybrid, "Jaakkola-Jordan rounds alternating with L-BFGS-B on xi (and hyperparameters)",
+           hyperparameters="own", learn=partial(learn, engine="jj-hybrid")),
+    Engine("jj-full", run_full, "L-BFGS-B on xi (and hyperparameters) with mu, Sigma analytic",
+           hyperparameters="own", learn=partial(learn, engine="jj-full")),
+)

@@ -55,11 +55,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import cho_solve
 
-from ..likelihoods import Laplace
-from ..models import _check_X
-from ..objective import (DEFAULT_CHUNK, Chunks, Objective, State, assemble_gram, block_gram,
-                         block_vecmat, chunk_projection, make_chunks, num_blocks, zero_gram)
-from ._common import Clock, EngineResult, _finite, converged_change, state_from_precision_chol
+from gpvi.likelihoods import Laplace
+from gpvi.models.base import check_X
+from gpvi.objective import DEFAULT_CHUNK, Chunks, Objective, State, assemble_gram, block_gram, block_vecmat, chunk_projection, make_chunks, num_blocks, zero_gram
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import Clock, EngineResult, is_finite, converged_change, state_from_precision_chol
 
 __all__ = ["check_learned_hyperparameters", "find_mode", "laplace_log_marginal", "laplace_log_marginal_at", "run"]
 
@@ -249,7 +249,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         positive definite (then the clipped one)."""
         if int(sums[3]) > 0:  # some h_i > 0 were clipped in ``sums``: try the exact Hessian
             R = _chol_precision(derivative_sums(w_, clip=False)[2])
-            if _finite(R):
+            if is_finite(R):
                 return state_from_precision_chol(w_, R), R, "exact"
             kind = "clipped"
         else:
@@ -391,7 +391,7 @@ def laplace_log_marginal(model, X, y, offset=None, *, tol: float = 1e-10, max_it
     Returns a JAX scalar.  Raises ``ValueError`` for the ``Laplace`` likelihood and bad input.
     """
     _check_likelihood(model.likelihood)
-    X = _check_X(X, "X")
+    X = check_X(X, "X")
     y = model.likelihood.validate(y)
     if y.shape[0] != X.shape[0]:
         raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]} entries: lengths must match")
@@ -468,3 +468,6 @@ def check_learned_hyperparameters(model, names, log_marginal: float, vlb: float,
         "marginal likelihood, or keep the latent scale fixed (leave kernel.variance or "
         "prior_variance out of learn_hyperparameters)."
     )
+
+
+ENGINE = Engine("laplace", run, "Laplace approximation: Newton on the mode, V = (-Hessian)^-1 (not a VLB maximiser)", data="rows", evidence="laplace")

@@ -37,10 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._module import flatten_params, unflatten_params
-from ..objective import DEFAULT_CHUNK, Objective, State, minibatch_projection, minibatch_sums, minibatch_vlb, num_blocks
-from ._common import natural_step, precision_chol, tri_inv
-from ._stochastic import DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive, setup
+from gpvi._module import flatten_params, unflatten_params
+from gpvi.objective import DEFAULT_CHUNK, Objective, State, minibatch_projection, minibatch_sums, minibatch_vlb, num_blocks
+from gpvi.engines.registry import Engine
+from gpvi.engines._common import natural_step, precision_chol, tri_inv
+from gpvi.engines._stochastic import DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive, setup
 
 
 def paper_schedule(t):
@@ -301,7 +302,6 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     return res
 
 
-run.learns_hyperparameters = True
 
 
 @jax.jit
@@ -312,9 +312,12 @@ def assumed_density_step(state: State, grad, S):
     ``m' = m + Λ'⁻¹ (grad + m)``.  For a Gaussian likelihood and fixed hyperparameters the
     result after all batches is the exact full-data posterior (Titsias' optimum), whatever the
     batches; otherwise each batch is linearised at the ``q`` it found (Broderick et al. 2013)."""
-    from ._common import _flip, _reversed_chol
+    from gpvi.engines._common import flip, reversed_chol
 
     Linv = tri_inv(state.chol)
-    R = _reversed_chol(Linv.T @ Linv - S)
+    R = reversed_chol(Linv.T @ Linv - S)
     mean = state.mean + jax.scipy.linalg.cho_solve((R, True), (grad + state.mean)[::-1])[::-1]
-    return State(mean, _flip(tri_inv(R).T))
+    return State(mean, flip(tri_inv(R).T))
+
+
+ENGINE = Engine("sfp", run, "stochastic fixed point: natural-parameter averaging over minibatches", data="minibatch", hyperparameters="joint", streams=True)

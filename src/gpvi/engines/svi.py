@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._module import flatten_params, unflatten_params
-from ..objective import Objective, State, minibatch_vlb, num_blocks
-from ._stochastic import EpochClock, check_positive_float, check_positive_int, drive, setup
+from gpvi._module import flatten_params, unflatten_params
+from gpvi.objective import Objective, State, minibatch_vlb, num_blocks
+from gpvi.engines.registry import Engine
+from gpvi.engines._stochastic import EpochClock, check_positive_float, check_positive_int, drive, setup
 
 OPTIMIZERS = ("adadelta", "adam")
 DEFAULT_RATES = {"adadelta": 1.0, "adam": 0.01}
@@ -136,4 +137,4 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     return res
 
 
-run.learns_hyperparameters = True
+ENGINE = Engine("svi", run, "minibatch AdaDelta/Adam on (m, chol V[, hyperparameters]) (Hensman et al. 2015)", data="minibatch", hyperparameters="joint", streams=True)

@@ -1,0 +1,150 @@
+"""What the command line's sub-commands share: its constants, its usage error, the model file's
+metadata and writing it, output paths and the progress switch."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+#: real paths of the files this command writes (the main module removes stray temporaries of them)
+OUTPUTS: list[str] = []
+
+CLI_FORMAT = "gpvi-cli"
+
+
+CLI_VERSION = 1
+
+
+LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential")
+
+
+STANDARDISED_TARGET = ("gaussian", "laplace", "studentt")  # identity link: y is standardised for the fit
+
+
+LOG_LINK = ("poisson", "exponential")
+
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line and exit code 2."""
+
+
+def split(s):
+    return [c.strip() for c in s.split(",") if c.strip()] if s else []
+
+
+def support_error(target, err):
+    msg = str(err).removeprefix("y ")
+    return UsageError(f"target column {target!r} {msg}" if not msg.startswith(("contains", "must")) else
+                      f"target column {target!r}: {msg}")
+
+
+def make_likelihood(name, y_codes=None, n_levels=None):
+    from gpvi import likelihoods as L
+
+    if name == "gaussian":
+        return L.Gaussian(variance=0.1)
+    if name == "bernoulli":
+        return L.Bernoulli(link="logit")
+    if name == "probit":
+        return L.Bernoulli(link="probit")
+    if name == "poisson":
+        return L.Poisson()
+    if name == "laplace":
+        return L.Laplace(scale=0.2)
+    if name == "studentt":
+        return L.StudentT(scale=0.2)
+    if name == "exponential":
+        return L.Exponential()
+    if name == "ordinal":
+        # Edges at the logits of the empirical cumulative level proportions (half a count added
+        # to every level so that empty levels still get distinct edges).
+        counts = np.bincount(y_codes.astype(int), minlength=n_levels) + 0.5
+        cum = np.cumsum(counts)[:-1] / counts.sum()
+        return L.Ordinal(edges=np.log(cum / (1.0 - cum)), shape=1.0)
+    raise UsageError(f"unknown likelihood {name!r}; choose from {', '.join(LIKELIHOODS)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# gpvi fit
+# ---------------------------------------------------------------------------------------------
+def default_out(data: str) -> Path:
+    p = Path(data)
+    if p.suffix.lower() == ".gz":
+        p = p.with_suffix("")
+    return p.with_suffix(".gpvi")
+
+
+def check_writable(path: Path, what: str):
+    """Raise a UsageError, before any work is done, when ``path`` cannot be written: its folder
+    is missing, is not a folder or is not writable, or ``path`` is a folder.  Writability is
+    tested the way the output will be written (a temporary file created and removed in the
+    folder), so read-only folders and file systems are caught whoever runs the command."""
+    parent = path.parent
+    if not parent.exists():
+        raise UsageError(f"cannot write {what} {path}: folder {parent} does not exist")
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {what} {path}: {parent} is not a folder")
+    if path.is_dir():
+        raise UsageError(f"cannot write {what} {path}: it is a folder")
+    if path.exists() and not path.is_file():  # a device or pipe (/dev/null, /dev/stdout): written in place
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"cannot write {what} {path}: permission denied")
+        return
+    folder = Path(os.path.realpath(path)).parent  # where the atomic write puts its temporary file
+    try:
+        with tempfile.TemporaryFile(dir=folder):  # on Linux a file without a name: nothing to clean up
+            pass
+    except OSError as err:
+        raise UsageError(f"cannot write {what} {path}: folder {folder} is not writable "
+                         f"({(err.strerror or str(err)).lower()})") from None
+
+
+def same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: :func:`os.path.samefile` when both exist (so
+    symlinks, hard links and spellings such as ``./d.csv`` count), else equal resolved paths."""
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_overwriting_input(out, what: str, inputs: dict):
+    """UsageError when the output ``out`` is one of ``inputs`` ({description: path}): writing it
+    would destroy the input."""
+    for name, path in inputs.items():
+        if path is not None and same_file(out, path):
+            raise UsageError(f"{what} {out} is the {name} {path}: writing it would destroy the {name}; "
+                             "choose another --out")
+
+
+def remember_output(path):
+    """Note that this command writes ``path`` (for :func:`_remove_stray_temporaries`)."""
+    OUTPUTS.append(os.path.realpath(path))
+
+
+def show_progress(args):
+    return not args.quiet and sys.stderr.isatty()
+
+
+def save_model(fit, out: Path, extra: dict):
+    """Write the model file with :func:`gpvi.io.save` (atomic, through a symlink rather than over
+    it; a device or pipe such as ``/dev/null`` is written in place)."""
+    import gpvi
+
+    gpvi.io.save(fit, out, extra=extra)
+
+
+def describe_model(fit, kind):
+    if kind == "sparse":
+        return f"sparse GP ({np.shape(fit.model.inducing)[0]} inducing inputs, RBF ARD kernel)"
+    if kind == "full":
+        return "full GP (RBF ARD kernel)"
+    return "Bayesian GLM"

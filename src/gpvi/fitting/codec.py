@@ -1,0 +1,244 @@
+"""Model components and fitted states as JSON metadata plus named arrays: the encoding that
+:mod:`gpvi.io` writes into model files, and that the scikit-learn estimators use for their own
+parts.
+
+A component (kernel, likelihood, model) is stored as its class name, its static settings and
+one array per parameter; only gpvi's own classes and classes given to :func:`register` can be
+rebuilt, so decoding never imports or runs code named by a file.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpvi import kernels, likelihoods, models
+from gpvi._module import Module
+from gpvi.fitting.posterior import FitResult
+from gpvi.objective import State
+
+__all__ = ["register", "encode", "decode", "known_classes", "short", "why", "real_array", "fit_result_to_arrays", "fit_result_from_arrays"]
+
+_REGISTRY: dict[str, type] = {}
+
+
+def register(cls):
+    """Allow a user-defined component class (e.g. a custom likelihood) in model files."""
+    _REGISTRY[cls.__name__] = cls
+    return cls
+
+
+# Names that files written by an earlier gpvi give to classes since renamed: old name → current
+# name.  Read only (a file is always written with the current name).
+_RENAMED = {"_QuasiPoisson": "QuasiPoisson"}  # gpvi.estimators' private class, now gpvi.likelihoods'
+
+
+def known_classes():
+    out = {}
+    for mod in (kernels, likelihoods, models):
+        for name in getattr(mod, "__all__", []):
+            obj = getattr(mod, name)
+            if isinstance(obj, type) and issubclass(obj, Module):
+                out[name] = obj
+    out.update({old: out[new] for old, new in _RENAMED.items() if new in out})
+    out.update(_REGISTRY)
+    return out
+
+
+def encode(obj, arrays, path):
+    """Module → JSON-able dict; arrays go to ``arrays`` under dotted keys."""
+    if isinstance(obj, Module):
+        cls = type(obj)
+        if known_classes().get(cls.__name__) is not cls:
+            raise ValueError(
+                f"cannot save {cls.__name__}: only gpvi's own classes are saved by default; "
+                "call gpvi.io.register(YourClass) first (and again before loading)"
+            )
+        fields = {}
+        for f in dataclasses.fields(obj):
+            fields[f.name] = encode(getattr(obj, f.name), arrays, f"{path}.{f.name}")
+        return {"class": cls.__name__, "fields": fields}
+    if isinstance(obj, (tuple, list)):
+        return {"sequence": [encode(v, arrays, f"{path}.{i}") for i, v in enumerate(obj)]}
+    if obj is None or isinstance(obj, (str, bool, int, float)) and not isinstance(obj, np.generic):
+        return {"value": obj}
+    arrays[path] = np.asarray(obj)
+    return {"array": path}
+
+
+_ABSTRACT_METHODS = {kernels.Kernel: ("_K", "_diag"), likelihoods.Likelihood: ("log_prob",),
+                     models.Model: ("num_weights", "prior_cache", "project")}
+
+
+def _is_abstract(cls) -> bool:
+    """Whether ``cls`` leaves a method of its gpvi base class unimplemented (``Kernel`` itself,
+    ``Likelihood``, ``Model``, or a registered subclass that overrides too little)."""
+    return any(issubclass(cls, base) and getattr(cls, name) is getattr(base, name)
+               for base, names in _ABSTRACT_METHODS.items() for name in names)
+
+
+def decode(spec, arrays):
+    """Inverse of :func:`encode`.  A malformed spec, an unknown or abstract class, or a
+    component whose construction fails raises ``ValueError`` (or ``KeyError`` for an array
+    that is not in the file)."""
+    if not isinstance(spec, dict) or set(spec) not in ({"class", "fields"}, {"sequence"}, {"array"}, {"value"}):
+        raise ValueError(f"malformed component {short(spec)}")
+    if "class" in spec:
+        name, fields = spec["class"], spec["fields"]
+        cls = known_classes().get(name) if isinstance(name, str) else None
+        if cls is None:
+            raise ValueError(f"model file uses unknown class {short(name)} "
+                             "(register it with gpvi.io.register before loading)")
+        if _is_abstract(cls):
+            raise ValueError(f"class {name} is abstract: a model file names only concrete classes")
+        if not isinstance(fields, dict):
+            raise ValueError(f"malformed fields of {name}: {short(fields)}")
+        kw = {k: decode(v, arrays) for k, v in fields.items()}
+        try:
+            return cls(**kw)
+        except Exception as err:  # noqa: BLE001 - any failure to build is a damaged file
+            raise ValueError(f"cannot rebuild {name}: {why(err)}") from None
+    if "sequence" in spec:
+        if not isinstance(spec["sequence"], list):
+            raise ValueError(f"malformed sequence {short(spec['sequence'])}")
+        return tuple(decode(v, arrays) for v in spec["sequence"])
+    if "array" in spec:
+        if not isinstance(spec["array"], str):
+            raise ValueError(f"malformed array name {short(spec['array'])}")
+        return jnp.asarray(arrays[spec["array"]])
+    value = spec["value"]
+    if value is not None and not isinstance(value, (str, bool, int, float)):
+        raise ValueError(f"malformed value {short(value)}")
+    return value
+
+
+# Fields of FitResult stored in meta["scalars"] and their types (int: a non-negative int).
+_SCALARS = {"vlb": float, "iterations": int, "converged": bool, "message": str, "engine": str,
+            "backtracks": int, "cycles": int, "evaluations": int, "clipped": int,
+            "hyperparameter_rounds": int, "seconds": float, "chunk_size": int, "input_dim": int}
+
+
+def _valid_scalar(key: str, value) -> bool:
+    """Whether ``value`` (from JSON) has the type of ``FitResult.<key>``."""
+    kind = _SCALARS[key]
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return type(value) is int and value >= (1 if key in ("chunk_size", "input_dim") else 0)
+    return type(value) is kind
+
+
+def fit_result_to_arrays(fit, prefix="fit"):
+    """(meta dict, arrays dict) for a :class:`gpvi.FitResult`."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = {"model": encode(fit.model, arrays, f"{prefix}.model"),
+            "scalars": {k: getattr(fit, k) for k in _SCALARS}}
+    meta["scalars"] = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in meta["scalars"].items()}
+    arrays[f"{prefix}.state.mean"] = np.asarray(fit.state.mean)
+    arrays[f"{prefix}.state.chol"] = np.asarray(fit.state.chol)
+    arrays[f"{prefix}.trace"] = np.asarray(fit.trace)
+    leaves = jax.tree_util.tree_leaves(fit.prior)
+    meta["prior_leaves"] = len(leaves)
+    for i, leaf in enumerate(leaves):
+        arrays[f"{prefix}.prior.{i}"] = np.asarray(leaf)
+    return meta, arrays
+
+
+def fit_result_from_arrays(meta, arrays, prefix="fit"):
+    """Rebuild a :class:`gpvi.FitResult` written by :func:`fit_result_to_arrays`.
+
+    Everything is checked before it is used: the types of the scalar fields; that the model
+    has a likelihood and finite parameters; that the state is a finite mean (d,) and a
+    lower-triangular chol (d, d); and (:func:`_checked_prior`) that ``input_dim``, d and the
+    prior cache fit the model.  Raises ``ValueError`` (or ``KeyError``, ``TypeError``) if not.
+    """
+
+    scalars = meta["scalars"]
+    if not isinstance(scalars, dict) or set(scalars) != set(_SCALARS):
+        raise ValueError(f"scalars must have the fields {sorted(_SCALARS)}, got {short(scalars)}")
+    for k, v in scalars.items():
+        if not _valid_scalar(k, v):
+            raise ValueError(f"scalars.{k} = {short(v)} is not a valid {k}")
+    model = decode(meta["model"], arrays)
+    if not isinstance(model, models.Model):
+        raise ValueError(f"the model is a {type(model).__name__}, not a gpvi model")
+    if not isinstance(getattr(model, "likelihood", None), likelihoods.Likelihood):
+        raise ValueError(f"the model {type(model).__name__} has no likelihood")
+    for name, value in model.parameters().items():
+        real_array(value, f"parameter {name}")
+    mean = real_array(arrays[f"{prefix}.state.mean"], "state.mean")
+    chol = real_array(arrays[f"{prefix}.state.chol"], "state.chol")
+    Q = getattr(model, "num_latents", None)  # Q latent blocks (gpvi.multilatent): (Q, d), (Q, d, d)
+    lead = () if Q is None else (Q,)
+    d = mean.shape[-1] if mean.ndim == 1 + len(lead) and mean.shape[:-1] == lead else 0
+    if d < 1 or chol.shape != lead + (d, d) or np.any(np.triu(chol, 1)):
+        q = "Q, " if lead else ""
+        raise ValueError(f"the state must be a mean ({q}d) and a lower-triangular chol ({q}d, d), got shapes "
+                         f"{mean.shape} and {chol.shape}")
+    trace = real_array(arrays[f"{prefix}.trace"], "trace", finite=False)
+    if trace.ndim != 2 or trace.shape[1] != 2:
+        raise ValueError(f"trace must have shape (K, 2), got {trace.shape}")
+    n = meta["prior_leaves"]
+    if type(n) is not int or not 0 <= n <= len(arrays):
+        raise ValueError(f"prior_leaves = {short(n)} is not a count of arrays in the file")
+    leaves = [real_array(arrays[f"{prefix}.prior.{i}"], f"prior.{i}") for i in range(n)]
+    prior = _checked_prior(model, leaves, scalars["input_dim"], d)
+    return FitResult(model=model, state=State(jnp.asarray(mean), jnp.asarray(chol)), trace=trace,
+                     prior=prior, **scalars)
+
+
+def _checked_prior(model, leaves, D, d):
+    """The prior cache rebuilt from its ``leaves``, once they are shown to fit the model.
+
+    ``D`` (the file's ``input_dim``) must match the inducing inputs of a sparse GP or the
+    training inputs of a full GP (the cache's first leaf), ``d`` (the state's size) the
+    model's number of weights, and the leaves and the projections must have the shapes the
+    model computes.  Shapes are traced abstractly (:func:`jax.eval_shape`), so a file
+    declaring a huge ``input_dim`` is refused without allocating anything.
+    """
+    first = model.latents[0] if hasattr(model, "latents") else model  # MultiLatent: as its latents
+    if isinstance(first, models.GP):
+        # A full GP's prior cache starts with its (N, D) training inputs.
+        if not leaves or leaves[0].ndim != 2 or leaves[0].shape[0] == 0:
+            raise ValueError("the prior cache of a full GP must start with its (N, D) training inputs")
+        X_like, known, what = leaves[0], leaves[0].shape[1], "training"
+    else:
+        X_like, known, what = jax.ShapeDtypeStruct((1, D), np.float64), model.input_dim(), "inducing"
+    if known is not None and known != D:
+        raise ValueError(f"input_dim = {D} but the model's {what} inputs have {known} columns")
+    weights = model.num_weights(X_like)
+    if weights != d:
+        raise ValueError(f"the model has {weights} weights for input_dim = {D}, but the state has {d}")
+    expected = jax.eval_shape(model.prior_cache, X_like)
+    shapes = [np.shape(e) for e in jax.tree_util.tree_leaves(expected)]
+    if shapes != [a.shape for a in leaves]:
+        raise ValueError(f"the prior cache has arrays of shapes {[a.shape for a in leaves]}, the model's {shapes}")
+    prior = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(expected), [jnp.asarray(a) for a in leaves])
+    At = jax.eval_shape(model.project, prior, jax.ShapeDtypeStruct((1, D), np.float64))[0]
+    lead = () if getattr(model, "num_latents", None) is None else (model.num_latents,)
+    if At.shape != lead + (d, 1):
+        raise ValueError(f"the model projects onto {At.shape[-2]} weights, the state has {d}")
+    return prior
+
+
+def short(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for messages about crafted contents."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def why(err: Exception) -> str:
+    """An exception as a message: its text, after its type unless it is a plain ValueError."""
+    return str(err) if type(err) is ValueError else f"{type(err).__name__}: {err}"
+
+
+def real_array(a, name: str, finite: bool = True) -> np.ndarray:
+    """``a`` as a NumPy array of real numbers (finite unless ``finite=False``), else ValueError."""
+    arr = np.asarray(a)
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if finite and not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} holds NaN or infinite values")
+    return arr

@@ -1,0 +1,188 @@
+"""Collapsed bounds of Gaussian likelihoods: hyperparameters in closed form.
+
+With a Gaussian likelihood the optimal ``q(w)`` is known in closed form for every
+hyperparameter setting θ, so the profile bound ``F(θ) = max_q VLB(θ, q)`` that :func:`gpvi.fit`
+maximises for other likelihoods (running the engine to convergence at every evaluation) is a
+closed-form function of θ (with ``r = y − b − offset`` the residual from the prior mean):
+
+- ``GP``: the exact log marginal likelihood ``log N(r | 0, K + νI + σ²I)`` (``ν`` the model's
+  jitter nugget, part of its prior);
+- ``SparseGP``: Titsias' (2009) collapsed bound
+  ``log N(r | 0, Q + σ²I) − Σ_i c_i / 2σ²`` with ``Q = AᵀA``, ``a_i = L_M⁻¹ k(Z, x_i)`` and
+  ``c_i = k_ii − |a_i|²`` (the model's :meth:`~gpvi.models.SparseGP.project`);
+- ``GLM``: the Bayesian linear-regression evidence, the same formula with ``a_i = σ_p h_i`` and
+  ``c_i = 0``.
+
+Each is the VLB at its optimal ``q`` exactly, so its maximiser is the maximiser of the profile
+bound; one evaluation costs one Cholesky (N×N for the full GP; d×d by the Woodbury identity
+for the sparse GP and the GLM, after an O(N d²) pass over the data in chunks) instead of an
+engine run.  :func:`learn` maximises it by L-BFGS-B with autodiff gradients; :func:`gpvi.fit`
+then runs the engine once at the learned θ to get ``q`` (which for a Gaussian likelihood is
+this same closed-form optimum).
+
+Both bounds are evaluated on padded data (:func:`gpvi._compile.bucket`), so that training
+sets whose sizes fall in one bucket share one compiled program.  Padding the full GP does not
+change the bound: padded rows get the covariance block ``I`` and residual 0 (a block-diagonal
+addition contributes ``log det I = 0`` and nothing to the quadratic form).
+"""
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import scipy.optimize
+from jax.scipy.linalg import solve_triangular
+
+from gpvi._compile import bucket
+from gpvi._module import flatten_params, unflatten_params
+from gpvi.likelihoods import Gaussian
+from gpvi.models.base import GLM, GP, SparseGP
+from gpvi.objective import make_chunks
+from gpvi._watchdog import paused
+
+__all__ = ["applies", "collapsed_bound", "learn"]
+
+_LOG2PI = float(np.log(2.0 * np.pi))
+
+
+def applies(model, engine) -> bool:
+    """Whether :func:`gpvi.fit` learns the hyperparameters of ``model`` on its collapsed bound:
+    a Gaussian likelihood on a GP, SparseGP or GLM, with any engine (a name or
+    :class:`~gpvi.engines.Engine`) whose profile search maximises the VLB (not ``"laplace"``,
+    which maximises its own Laplace evidence by design)."""
+    from gpvi import engines
+
+    return (type(model.likelihood) is Gaussian and isinstance(model, (GP, SparseGP, GLM))
+            and engines.get(engine).evidence == "vlb")
+
+
+def _gp_bound(model, X, y, offset, mask):
+    """Exact log marginal likelihood of a full GP on rows padded to a bucket: (Np, D), (Np,)×3."""
+    K = model.kernel(X, X)
+    keep = mask > 0
+    n = jnp.sum(mask)
+    # the model's nugget (gpvi.models.cholesky at its first try), from the real rows only
+    nugget = model.jitter * jnp.maximum(jnp.sum(jnp.where(keep, jnp.diag(K), 0.0)) / n,
+                                        jnp.finfo(K.dtype).tiny)
+    both = keep[:, None] & keep[None, :]
+    diag = jnp.where(keep, nugget + model.likelihood.variance, 1.0)
+    S = jnp.where(both, K, 0.0) + jnp.diag(diag)
+    L = jnp.linalg.cholesky(S)
+    r = jnp.where(keep, y - model.mean - offset, 0.0)
+    alpha = solve_triangular(L, r, lower=True)
+    return -0.5 * (alpha @ alpha) - jnp.sum(jnp.log(jnp.diag(L))) - 0.5 * n * _LOG2PI
+
+
+def _projected_bound(model, chunks):
+    """Titsias' bound (SparseGP) or the linear-regression evidence (GLM) from the model's
+    projections of each chunk, by the Woodbury identity: one d×d Cholesky."""
+    prior = model.prior_cache(chunks.X.reshape(-1, chunks.X.shape[-1]))  # X is unused by these models
+    s2 = model.likelihood.variance
+
+    @jax.checkpoint  # the backward pass recomputes each chunk: O(chunk·d) memory like the forward
+    def one(ch):
+        At, b, c = model.project(prior, ch.X)
+        keep = ch.mask > 0
+        r = jnp.where(keep, ch.y - b - ch.offset, 0.0)
+        Am = At * ch.mask
+        return Am @ At.T, Am @ r, r @ r, jnp.sum(jnp.where(keep, c, 0.0))
+
+    d = model.num_weights(chunks.X[0])  # M inducing inputs or D columns (static shapes)
+
+    def body(carry, ch):
+        return tuple(a + b for a, b in zip(carry, one(ch))), None
+
+    init = (jnp.zeros((d, d)), jnp.zeros(d), jnp.zeros(()), jnp.zeros(()))
+    (P, Ar, rr, csum), _ = jax.lax.scan(body, init, chunks)
+    n = jnp.sum(chunks.mask)
+    B = jnp.eye(d) + P / s2
+    LB = jnp.linalg.cholesky(0.5 * (B + B.T))
+    z = solve_triangular(LB, Ar, lower=True)
+    logdet = n * jnp.log(s2) + 2.0 * jnp.sum(jnp.log(jnp.diag(LB)))
+    quad = rr / s2 - (z @ z) / s2**2
+    return -0.5 * (n * _LOG2PI + logdet + quad) - 0.5 * csum / s2
+
+
+def _bound(model, data):
+    if isinstance(model, GP):
+        return _gp_bound(model, *data)
+    return _projected_bound(model, data)
+
+
+def _negative(theta, model, data):
+    return -_bound(unflatten_params(model, theta), data)
+
+
+_value_and_grad = jax.jit(jax.value_and_grad(_negative))
+_value = jax.jit(_bound)
+
+
+def _padded_data(model, X, y, offset, chunk_size):
+    """The data as the compiled bound takes it: rows padded to a bucket (:func:`bucket`)."""
+    N = X.shape[0]
+    if isinstance(model, GP):
+        pad = bucket(N) - N
+        rows = lambda a: np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) if pad else a  # noqa: E731
+        off = np.zeros(N) if offset is None else np.asarray(offset, np.float64)
+        return (jnp.asarray(rows(np.asarray(X, np.float64))), jnp.asarray(rows(np.asarray(y, np.float64))),
+                jnp.asarray(rows(off)), jnp.asarray(np.concatenate([np.ones(N), np.zeros(pad)])))
+    return make_chunks(X, y, offset, chunk_size, bucketed=True)
+
+
+def collapsed_bound(model, X, y, offset=None, chunk_size: int = 2048) -> float:
+    """The collapsed bound (nats) of ``model`` (Gaussian likelihood; GP, SparseGP or GLM) on
+    ``X`` (N, D), ``y`` (N,), ``offset`` (N,) or None: the VLB at the optimal ``q``."""
+    if type(model.likelihood) is not Gaussian:
+        raise ValueError(f"model: the collapsed bound needs a Gaussian likelihood, not "
+                         f"{type(model.likelihood).__name__}")
+    model = model.initialise(np.asarray(X, np.float64), y)
+    return float(_value(model, _padded_data(model, np.asarray(X, np.float64), y, offset, chunk_size)))
+
+
+def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None):
+    """L-BFGS-B on the collapsed bound in the unconstrained parameters ``names``.
+
+    Returns ``(model, iterations, rows, evaluations)``: the model with the best parameters
+    evaluated, the L-BFGS-B iteration count, the (seconds since ``t0``, bound) of every iteration
+    (the first row at the start) and the number of evaluations of the bound (the one at the start
+    included; each is the optimal ``q`` in closed form, which :func:`gpvi.fit` counts as one
+    iteration and one pass over the data).  ``callback(iteration, bound, seconds)`` as in :func:`gpvi.fit`.
+    Stops when the bound changes by at most ``tol · max(1, |bound|)`` between iterations.
+    """
+    theta0 = flatten_params(model, names)
+    flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
+    data = _padded_data(model, X, y, offset, chunk_size)
+    best = [np.inf, None]
+    rows = []
+    evaluations = [0]
+
+    def fun(x):
+        evaluations[0] += 1
+        val, g = _value_and_grad(unravel(jnp.asarray(x)), model, data)
+        val = float(val)
+        g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
+        if not np.isfinite(val) or not np.all(np.isfinite(g)):
+            return np.inf, np.zeros_like(x)  # the line search backs off
+        if val < best[0]:
+            best[:] = [val, np.array(x)]
+        return val, g
+
+    def record(intermediate_result):  # scipy passes the OptimizeResult only under this name
+        rows.append((time.perf_counter() - t0, -float(intermediate_result.fun)))
+        if callback is not None:
+            with paused():
+                callback(len(rows) - 1, rows[-1][1], rows[-1][0])
+
+    x0 = np.asarray(flat0)
+    f0, _ = fun(x0)
+    if not np.isfinite(f0):
+        raise ValueError("the collapsed bound or its gradient is not finite at the starting hyperparameters "
+                         f"{names}; check their values (or fit without learning them)")
+    rows.append((time.perf_counter() - t0, -f0))
+    out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
+                                  options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
+    learned = unflatten_params(model, unravel(jnp.asarray(best[1])))
+    return learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2), evaluations[0]

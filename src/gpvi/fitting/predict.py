@@ -1,0 +1,52 @@
+"""Predictions from a fitted variational posterior, in chunks of rows."""
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gpvi._batching import map_latents
+from gpvi.objective import State, make_chunks
+
+__all__ = ["latent_moments", "likelihood_call"]
+
+
+def _chunk_moments(mean, chol, At, b, c, oc):
+    V = chol @ chol.T
+    return mean @ At + b + oc, c + jnp.sum((V @ At) * At, 0)
+
+
+@jax.jit
+def _moments(model, prior, state, X, offset):
+    def one(args):
+        Xc, oc = args
+        At, b, c = model.project(prior, Xc)
+        if state.mean.ndim == 2:  # Q latent blocks: (n, Q) marginals
+            m, v = map_latents(lambda *a: _chunk_moments(*a, oc), state.mean, state.chol, At, b, c)
+            return m.T, v.T
+        return _chunk_moments(state.mean, state.chol, At, b, c, oc)
+
+    return jax.lax.map(one, (X, offset))
+
+
+def latent_moments(model, prior, state: State, X, offset=None, chunk_size: int = 2048):
+    """Mean and variance (each an (N,) NumPy array; (N, Q) for Q latent functions) of the
+    latent ``f(X)`` under the variational posterior."""
+    X = np.asarray(X, dtype=np.float64)
+    N = X.shape[0]
+    ch = make_chunks(X, None, offset, chunk_size)
+    m, v = _moments(model, prior, state, ch.X, ch.offset)
+    tail = np.shape(m)[2:]
+    return np.asarray(m).reshape((-1,) + tail)[:N], np.asarray(v).reshape((-1,) + tail)[:N]
+
+
+@partial(jax.jit, static_argnames=("method",))
+def likelihood_call(likelihood, method: str, *args):
+    """``likelihood.<method>(*args)``, compiled as one program.
+
+    Called eagerly, a likelihood's predictive formulas would run (and compile) operation by
+    operation; jitted they compile once per likelihood class and array shape.
+    """
+    return getattr(likelihood, method)(*args)

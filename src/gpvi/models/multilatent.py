@@ -1,0 +1,147 @@
+"""Models with several latent functions (Nguyen & Bonilla 2014, §2–3): Q latent GPs, each with its
+own kernel, mean and (sparse) inducing inputs, and a likelihood that takes the Q latent values of
+each row (e.g. :class:`gpvi.softmax.Softmax`, Q = C).
+
+The posterior is factorised over latents, ``q(w) = Π_q N(w_q | m_q, V_q)`` (the paper's FULL
+with Q blocks), so the variational state is a batch of Q single-latent states,
+``State(mean (Q, d), chol (Q, d, d))``, and the data sums of :mod:`gpvi.objective` become
+per-latent blocks: ``Σ_i ρ_iq a_iq`` (Q, d), ``Σ_i λ_iq a_iq a_iqᵀ`` (Q, d, d) and one
+``Σ_i E_i``.  The model only stacks its latents' projections; the objective and the engines
+(``fpi``: one safeguarded natural step per latent block; ``gradient``: L-BFGS on all blocks)
+handle the batch.  All latents must have the same number of weights d (the same number of
+inducing inputs for sparse latents).
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from gpvi._module import positional
+from gpvi.likelihoods import Likelihood
+from gpvi.models.base import GP, Model, SparseGP
+
+__all__ = ["MultiLatent"]
+
+
+def _check_latents(owner, latents):
+    if isinstance(latents, list):
+        latents = tuple(latents)
+    if not isinstance(latents, tuple) or not latents or not all(isinstance(l, Model) for l in latents):
+        raise ValueError(f"{owner}: latents must be a non-empty list of single-latent gpvi models "
+                         f"(GP, SparseGP or GLM), got {latents!r}")
+    for l in latents:
+        if isinstance(l, MultiLatent):
+            raise ValueError(f"{owner}: latents must be single-latent models, not MultiLatent")
+    return latents
+
+
+class MultiLatent(Model):
+    """Q latent functions ``f_q`` (one single-latent model each) and one likelihood over them.
+
+    Parameters
+    ----------
+    latents : list of Q models (``GP``, ``SparseGP`` or ``GLM``; their own likelihoods are
+        ignored and may be None): kernel, prior mean and inducing inputs of each latent.
+    likelihood : a likelihood with ``num_latents == Q`` (e.g. ``Softmax(num_classes=Q)``).
+
+    Use :meth:`full` / :meth:`sparse` to build one from a list of kernels.  Parameters are
+    addressed as ``latents.<q>.kernel.lengthscale`` etc.
+    """
+
+    latents: tuple = positional()
+    likelihood: Likelihood = positional(kind=Likelihood)
+
+    def __post_init__(self):
+        lat = _check_latents(type(self).__name__, self.latents)
+        if lat is not self.latents:
+            object.__setattr__(self, "latents", lat)
+        if self.likelihood is not None:
+            Q = getattr(self.likelihood, "num_latents", 1)
+            if Q != len(lat):
+                raise ValueError(f"MultiLatent: latents has {len(lat)} models but the likelihood "
+                                 f"{type(self.likelihood).__name__} takes {Q} latent value(s) per row "
+                                 "(give one kernel/model per latent function)")
+        kinds = {type(l) for l in lat}
+        if len(kinds) > 1:
+            raise ValueError(f"MultiLatent: latents must all be of one kind (all GP or all SparseGP), got "
+                             f"{sorted(k.__name__ for k in kinds)}")
+
+    @classmethod
+    def full(cls, kernels, likelihood, mean=0.0, jitter=1e-8):
+        """Q full GPs with kernels ``kernels`` (list of Q) and constant means ``mean`` (a number or
+        Q numbers)."""
+        ks, means = cls._per_latent(kernels, mean, likelihood)
+        return cls(tuple(GP(k, None, mean=float(mu), jitter=jitter) for k, mu in zip(ks, means)), likelihood)
+
+    @classmethod
+    def sparse(cls, kernels, likelihood, inducing, mean=0.0, jitter=1e-8):
+        """Q sparse GPs sharing the number (or the array) of inducing inputs ``inducing``."""
+        ks, means = cls._per_latent(kernels, mean, likelihood)
+        return cls(tuple(SparseGP(k, None, inducing=inducing, mean=float(mu), jitter=jitter)
+                         for k, mu in zip(ks, means)), likelihood)
+
+    @staticmethod
+    def _per_latent(kernels, mean, likelihood):
+        from gpvi.kernels import Kernel
+
+        if isinstance(kernels, Kernel):
+            kernels = [kernels]
+        ks = list(kernels)
+        if not ks or not all(isinstance(k, Kernel) for k in ks):
+            raise ValueError(f"kernels must be a gpvi kernel or a list of them, got {kernels!r}")
+        Q = getattr(likelihood, "num_latents", 1)
+        if len(ks) == 1 and Q > 1:
+            ks = ks * Q  # one kernel given: the same prior (separate functions) for every latent
+        if len(ks) != Q:
+            raise ValueError(f"kernels has {len(ks)} kernels but the likelihood takes {Q} latent values "
+                             "per row: give one kernel, or one per latent function")
+        if np.shape(mean) not in ((), (Q,)):
+            raise ValueError(f"mean must be a number or {Q} numbers (one per latent), got {mean!r}")
+        return ks, np.broadcast_to(np.asarray(mean, dtype=np.float64), (Q,))
+
+    @property
+    def num_latents(self) -> int:
+        return len(self.latents)
+
+    def initialise(self, X, y=None, *, seed: int = 0):
+        lat = tuple(l.initialise(X, y, seed=seed) for l in self.latents)
+        out = self.replace(latents=lat)
+        out.num_weights(X)  # same d for all latents
+        return out
+
+    def num_weights(self, X) -> int:
+        ds = [l.num_weights(X) for l in self.latents]
+        if len(set(ds)) != 1:
+            raise ValueError(f"latents: all latent functions need the same number of weights (inducing inputs), "
+                             f"got {ds}")
+        return ds[0]
+
+    def input_dim(self):
+        dims = {l.input_dim() for l in self.latents} - {None}
+        return dims.pop() if dims else None
+
+    def prior_cache(self, X):
+        return tuple(l.prior_cache(X) for l in self.latents)
+
+    def project(self, cache, Xc):
+        """``At`` (Q, d, n), ``b`` (Q, n), ``c`` (Q, n): each latent's projections, stacked."""
+        parts = [l.project(pc, Xc) for l, pc in zip(self.latents, cache)]
+        return tuple(jnp.stack(t) for t in zip(*parts))
+
+    def training_projection(self, cache):
+        parts = [l.training_projection(pc) for l, pc in zip(self.latents, cache)]
+        if any(p is None for p in parts):
+            return None
+        return tuple(jnp.stack(t) for t in zip(*parts))
+
+    def pass_cache(self, cache):
+        return tuple(l.pass_cache(pc) for l, pc in zip(self.latents, cache))
+
+    def project_many(self, pcache, Xc):
+        parts = [l.project_many(pc, Xc) for l, pc in zip(self.latents, pcache)]
+        return tuple(jnp.stack(t) for t in zip(*parts))
+
+    @property
+    def jitter(self):
+        return max(float(getattr(l, "jitter", 0.0)) for l in self.latents)
+

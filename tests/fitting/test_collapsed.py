@@ -1,0 +1,112 @@
+"""Gaussian likelihoods learn hyperparameters on the collapsed bound (gpvi.fitting.collapsed).
+
+Truths: the engine's VLB at its converged q (the bound is the VLB at the optimal q), SciPy's
+multivariate normal density, scikit-learn's exact GP evidence and its own optimiser, and the
+profile-bound search that fit() used before (gpvi.fitting.hyper.profile, run by disabling the dispatch).
+"""
+from unittest import mock
+
+import numpy as np
+import pytest
+import scipy.stats
+
+import gpvi
+from gpvi.fitting import collapsed as collapsed
+from gpvi import likelihoods as L
+from gpvi._compile import bucket
+
+
+def _data(rng, N=60, D=2):
+    X = rng.normal(size=(N, D))
+    y = np.sin(1.5 * X[:, 0]) + 0.3 * X[:, 1] + 0.1 * rng.normal(size=N)
+    return X, y
+
+
+def _models(X):
+    lik = L.Gaussian(variance=0.3)
+    return {
+        "gp": gpvi.GP(gpvi.kernels.RBF(variance=0.8, lengthscale=[1.2, 0.7]), lik, mean=0.1),
+        "sparse": gpvi.SparseGP(gpvi.kernels.RBF(variance=0.8, lengthscale=[1.2, 0.7]), lik,
+                                inducing=X[:9], mean=0.1),
+        "glm": gpvi.GLM(lik, prior_variance=0.7),
+    }
+
+
+@pytest.mark.parametrize("kind", ["gp", "sparse", "glm"])
+def test_bound_is_the_vlb_at_the_optimal_q(rng, kind):
+    X, y = _data(rng)
+    offset = 0.2 * rng.normal(size=X.shape[0])
+    model = _models(X)[kind]
+    res = gpvi.fit(model, X, y, offset=offset, tol=1e-12)
+    bound = collapsed.collapsed_bound(model, X, y, offset)
+    assert bound == pytest.approx(res.vlb, rel=1e-10, abs=1e-9)
+
+
+def test_gp_bound_is_the_exact_evidence(rng):
+    X, y = _data(rng, N=37)  # padded to a bucket of 40 rows: padding must not change it
+    assert bucket(37) > 37
+    model = _models(X)["gp"]
+    K = np.asarray(model.kernel(X, X))
+    nugget = model.jitter * np.mean(np.diag(K))
+    truth = scipy.stats.multivariate_normal(np.full(37, 0.1), K + (nugget + 0.3) * np.eye(37)).logpdf(y)
+    assert collapsed.collapsed_bound(model, X, y) == pytest.approx(truth, rel=1e-10)
+
+
+def test_glm_bound_is_the_linear_regression_evidence(rng):
+    X, y = _data(rng, N=50, D=3)
+    model = _models(X)["glm"]
+    cov = 0.7 * X @ X.T + 0.3 * np.eye(50)
+    truth = scipy.stats.multivariate_normal(np.zeros(50), cov).logpdf(y)
+    assert collapsed.collapsed_bound(model, X, y) == pytest.approx(truth, rel=1e-10)
+
+
+def test_learned_optimum_is_the_exact_gp_optimum(rng):
+    """Same optimum as scikit-learn's GaussianProcessRegressor (same kernel family, same start):
+    scikit-learn's own evidence at gpvi's θ is at least its value at its own optimum, to 1e-6
+    relative, and equals gpvi's final bound to 1e-6 relative."""
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, ConstantKernel, WhiteKernel
+
+    X, y = _data(rng, N=80)
+    model = gpvi.GP(gpvi.kernels.RBF(variance=1.0, lengthscale=[1.0, 1.0]), L.Gaussian(variance=0.1))
+    names = ["kernel.variance", "kernel.lengthscale", "likelihood.variance"]  # constant mean stays 0
+    res = gpvi.fit(model, X, y, learn_hyperparameters=names)
+    assert "collapsed bound" in res.message and res.converged
+
+    k = ConstantKernel(1.0, (1e-5, 1e5)) * RBF([1.0, 1.0], (1e-5, 1e5)) + WhiteKernel(0.1, (1e-8, 1e5))
+    gpr = GaussianProcessRegressor(k, alpha=1e-10, normalize_y=False, random_state=0).fit(X, y)
+    theirs = gpr.log_marginal_likelihood_value_
+    p = res.model.parameters()
+    ours_theta = np.log(np.r_[float(p["kernel.variance"]), np.asarray(p["kernel.lengthscale"]),
+                              float(p["likelihood.variance"])])
+    at_ours = gpr.log_marginal_likelihood(ours_theta)
+    assert at_ours >= theirs - 1e-6 * abs(theirs)
+    assert res.vlb == pytest.approx(at_ours, rel=1e-6)
+    assert res.vlb == pytest.approx(theirs, rel=1e-6)
+    # the learned noise variance is scikit-learn's as well
+    assert float(p["likelihood.variance"]) == pytest.approx(np.exp(gpr.kernel_.theta[-1]), rel=1e-2)
+
+
+@pytest.mark.parametrize("kind", ["gp", "sparse"])
+def test_same_optimum_as_the_profile_search(rng, kind):
+    X, y = _data(rng)
+    model = _models(X)[kind]
+    fast = gpvi.fit(model, X, y, learn_hyperparameters=True)
+    with mock.patch.object(collapsed, "applies", lambda *a: False):
+        slow = gpvi.fit(model, X, y, learn_hyperparameters=True)
+    assert "collapsed" in fast.message and "collapsed" not in slow.message
+    assert fast.vlb == pytest.approx(slow.vlb, rel=1e-7)
+    a, b = fast.model.parameters(), slow.model.parameters()
+    for name in ("kernel.variance", "kernel.lengthscale", "likelihood.variance", "mean"):
+        np.testing.assert_allclose(np.asarray(a[name]), np.asarray(b[name]), rtol=2e-3)
+    # q is the engine's at the learned θ: the bound there is the final VLB
+    assert collapsed.collapsed_bound(fast.model, X, y) == pytest.approx(fast.vlb, rel=1e-10)
+
+
+def test_non_gaussian_and_laplace_keep_the_profile_search(rng):
+    X, y = _data(rng, N=30)
+    assert not collapsed.applies(gpvi.GP(gpvi.kernels.RBF(), L.Bernoulli()), "fpi")
+    assert not collapsed.applies(_models(X)["gp"], "laplace")
+    assert collapsed.applies(_models(X)["gp"], "gradient")
+    with pytest.raises(ValueError, match="Gaussian likelihood"):
+        collapsed.collapsed_bound(gpvi.GP(gpvi.kernels.RBF(), L.Poisson()), X, np.ones(30))

@@ -1,0 +1,191 @@
+"""Hyperparameter learning: against an independent optimum, and monotone in the VLB."""
+import numpy as np
+import pytest
+import scipy.optimize
+
+import gpvi
+from gpvi import likelihoods as L
+
+
+def _exact_log_ml(params, X, y):
+    """Exact GP regression log marginal likelihood, RBF kernel, written in NumPy."""
+    lv, lls, lnoise = params
+    d2 = (X[:, None, 0] - X[None, :, 0]) ** 2
+    K = np.exp(lv) * np.exp(-0.5 * d2 / np.exp(2 * lls))
+    K = K + 1e-8 * np.mean(np.diag(K)) * np.eye(len(y))  # gpvi's nugget
+    C = K + np.exp(lnoise) * np.eye(len(y))
+    c = np.linalg.cholesky(C)
+    a = np.linalg.solve(c, y)
+    return -0.5 * a @ a - np.sum(np.log(np.diag(c))) - 0.5 * len(y) * np.log(2 * np.pi)
+
+
+def test_gaussian_hyperparameters_match_exact_marginal_likelihood_optimum(rng):
+    N = 80
+    X = rng.uniform(-3, 3, (N, 1))
+    y = np.sin(1.5 * X[:, 0]) + 0.2 * rng.standard_normal(N)
+    model = gpvi.GP(kernel=gpvi.kernels.RBF(variance=1.0, lengthscale=2.0),
+                    likelihood=L.Gaussian(variance=0.5), mean=0.0)
+    res = gpvi.fit(model, X, y, learn_hyperparameters=["kernel.variance", "kernel.lengthscale",
+                                                       "likelihood.variance"],
+                   tol=1e-10, max_rounds=300)
+    ref = scipy.optimize.minimize(lambda p: -_exact_log_ml(p, X, y), np.log([1.0, 2.0, 0.5]),
+                                  method="Nelder-Mead", options=dict(xatol=1e-8, fatol=1e-10, maxiter=5000))
+    best = -ref.fun
+    start = _exact_log_ml(np.log([1.0, 2.0, 0.5]), X, y)
+    assert best - start > 5.0  # learning matters on this problem: the check can fail
+    # At the learned hyperparameters the VLB equals the exact log marginal likelihood ...
+    got = np.log([float(res.model.kernel.variance), float(res.model.kernel.lengthscale),
+                  float(res.model.likelihood.variance)])
+    np.testing.assert_allclose(res.vlb, _exact_log_ml(got, X, y), rtol=1e-8)
+    # ... and that is the maximum found by an independent optimiser.
+    np.testing.assert_allclose(res.vlb, best, atol=1e-3)
+    np.testing.assert_allclose(got, ref.x, atol=2e-2)
+
+
+@pytest.mark.parametrize("kind", [pytest.param("poisson", marks=pytest.mark.slow),
+                                  pytest.param("ordinal", marks=pytest.mark.slow), "logit"])
+def test_learning_raises_the_vlb_monotonically(rng, kind):
+    N = 300
+    X = rng.uniform(-2, 2, (N, 2))
+    f = np.sin(2 * X[:, 0]) * np.cos(X[:, 1])
+    if kind == "poisson":
+        lik, y = L.Poisson(), rng.poisson(np.exp(1 + f))
+    elif kind == "logit":
+        lik, y = L.Bernoulli(), (rng.uniform(size=N) < 1 / (1 + np.exp(-3 * f))).astype(int)
+    else:
+        lik = L.Ordinal(edges=np.array([-1.0, 1.0]), shape=1.0)
+        y = np.digitize(2 * f + 0.3 * rng.logistic(size=N), [-0.5, 0.5])
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(variance=0.3, lengthscale=[3.0, 3.0]),
+                          likelihood=lik, inducing=15).initialise(X)
+    fixed = gpvi.fit(model, X, y, tol=1e-8)
+    learned = gpvi.fit(model, X, y, tol=1e-8, learn_hyperparameters=True, max_rounds=15)
+    assert learned.hyperparameter_rounds >= 1
+    assert learned.vlb > fixed.vlb + 1.0
+    # Block-coordinate ascent: the VLB never goes down across the whole trace.
+    assert np.all(np.diff(learned.trace[:, 1]) >= -1e-8 * abs(learned.vlb))
+    assert not np.allclose(np.asarray(learned.model.kernel.lengthscale), 3.0)
+    if kind == "ordinal":
+        edges = np.asarray(learned.model.likelihood.edges)
+        assert np.all(np.diff(edges) > 0)
+        assert not np.allclose(edges, [-1.0, 1.0])
+
+
+@pytest.mark.slow
+def test_learning_inducing_inputs_moves_them_and_helps(rng):
+    N = 200
+    X = rng.uniform(-3, 3, (N, 1))
+    y = rng.poisson(np.exp(np.sin(2 * X[:, 0])))
+    Z = np.linspace(-3, -2, 5)[:, None]  # badly placed
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=0.7), likelihood=L.Poisson(), inducing=Z)
+    a = gpvi.fit(model, X, y, learn_hyperparameters=["inducing"], max_rounds=10)
+    b = gpvi.fit(model, X, y, learn_hyperparameters=True, learn_inducing=False, max_rounds=10)
+    np.testing.assert_array_equal(np.asarray(b.model.inducing), Z)
+    assert np.ptp(np.asarray(a.model.inducing)) > 1.5
+    assert a.vlb > gpvi.fit(model, X, y).vlb + 5.0
+
+
+def test_unknown_parameter_name_is_a_clear_error(rng):
+    X = rng.uniform(size=(20, 1))
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(), likelihood=L.Poisson(), inducing=3)
+    with pytest.raises(ValueError, match="kernel.period"):
+        gpvi.fit(model, X, np.ones(20), learn_hyperparameters=["kernel.period"])
+
+
+def test_learnable_parameters_default_excludes_fixed_and_inducing():
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF() + gpvi.kernels.Linear(),
+                          likelihood=L.StudentT(df=4.0, scale=1.0), inducing=np.zeros((3, 1)))
+    names = gpvi.learnable_parameters(model)
+    assert "likelihood.df" not in names and "inducing" not in names
+    assert {"kernel.kernels.0.variance", "kernel.kernels.0.lengthscale", "kernel.kernels.1.variance",
+            "likelihood.scale", "mean"} == set(names)
+    assert "inducing" in gpvi.learnable_parameters(model, learn_inducing=True)
+
+
+# ---- issue 30 §2: iterations and learn_inducing of a learned fit ----------------------------
+def _counting_engine(monkeypatch, name):
+    """Replace ``ENGINES[name]`` by a wrapper that records the iterations of every run."""
+    import dataclasses
+    import functools
+
+    from gpvi.engines import ENGINES
+
+    real = ENGINES[name]
+    runs = []
+
+    @functools.wraps(real.run)  # keeps the signature (the engine's options)
+    def counting(*args, **kwargs):
+        res = real(*args, **kwargs)
+        runs.append(res.iterations)
+        return res
+
+    monkeypatch.setitem(ENGINES, name, dataclasses.replace(real, run=counting))
+    return runs
+
+
+def test_learned_fit_iterations_sum_every_engine_run_of_the_search(rng, monkeypatch):
+    # Issue 30 §2: after a search of 8 rounds FitResult.iterations read 0 (the last, warm-started
+    # engine run's).  It is the engine iterations summed over every run of the fit.
+    X = rng.uniform(-2, 2, (40, 1))
+    y = (np.sin(2 * X[:, 0]) + 0.3 * rng.standard_normal(40) > 0).astype(float)
+    runs = _counting_engine(monkeypatch, "fpi")
+    model = gpvi.GP(kernel=gpvi.kernels.RBF(variance=1.0, lengthscale=1.0), likelihood=L.Bernoulli())
+    res = gpvi.fit(model, X, y, learn_hyperparameters=True, max_rounds=3)
+    assert res.hyperparameter_rounds > 0
+    assert res.iterations >= res.hyperparameter_rounds
+    assert len(runs) > res.hyperparameter_rounds  # an inner run at every point evaluated, and the last
+    assert res.iterations == sum(runs)
+
+
+def test_collapsed_fit_iterations_count_the_closed_form_evaluations(rng, monkeypatch):
+    # Gaussian likelihood: θ is learned on the collapsed bound, whose every evaluation is the
+    # optimum over q in closed form (one iteration); the engine then runs once at the learned θ.
+    from gpvi.fitting import collapsed as collapsed
+
+    X = rng.uniform(-2, 2, (40, 1))
+    y = np.sin(2 * X[:, 0]) + 0.2 * rng.standard_normal(40)
+    runs = _counting_engine(monkeypatch, "fpi")
+    evals = []
+    real = collapsed._value_and_grad
+
+    def counting(*args):
+        evals.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(collapsed, "_value_and_grad", counting)
+    model = gpvi.GP(kernel=gpvi.kernels.RBF(variance=1.0, lengthscale=2.0), likelihood=L.Gaussian(variance=0.5))
+    res = gpvi.fit(model, X, y, learn_hyperparameters=True, max_rounds=3)
+    assert res.hyperparameter_rounds > 0 and "collapsed" in res.message
+    assert res.iterations >= res.hyperparameter_rounds
+    assert len(evals) >= res.hyperparameter_rounds and len(runs) == 1
+    assert res.iterations == len(evals) + runs[0]
+
+
+@pytest.mark.parametrize("lik", ["bernoulli", "gaussian"])
+def test_learn_inducing_with_a_list_of_names_learns_the_inducing_inputs(rng, lik):
+    # Issue 30 §2: learn_inducing=True was silently ignored when learn_hyperparameters was a list.
+    X = rng.uniform(-2, 2, (40, 1))
+    f = np.sin(2 * X[:, 0])
+    if lik == "bernoulli":
+        likelihood, y = L.Bernoulli(), (f + 0.3 * rng.standard_normal(40) > 0).astype(float)
+    else:  # the collapsed-bound path
+        likelihood, y = L.Gaussian(variance=0.1), f + 0.2 * rng.standard_normal(40)
+    Z = np.linspace(-2.0, -1.0, 4)[:, None]  # badly placed
+    model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=0.7), likelihood=likelihood, inducing=Z)
+    moved = gpvi.fit(model, X, y, learn_hyperparameters=["kernel.lengthscale"], learn_inducing=True, max_rounds=3)
+    assert np.max(np.abs(np.asarray(moved.model.inducing) - Z)) > 1e-3
+    assert float(moved.model.kernel.lengthscale) != 0.7
+    kept = gpvi.fit(model, X, y, learn_hyperparameters=["kernel.lengthscale"], max_rounds=3)
+    np.testing.assert_array_equal(np.asarray(kept.model.inducing), Z)
+    assert moved.vlb > kept.vlb
+
+
+def test_learn_inducing_that_cannot_apply_is_an_error(rng):
+    X = rng.uniform(-2, 2, (20, 1))
+    y = (X[:, 0] > 0).astype(float)
+    sparse = gpvi.SparseGP(kernel=gpvi.kernels.RBF(), likelihood=L.Bernoulli(), inducing=X[:3])
+    with pytest.raises(ValueError, match="learn_inducing.*learn_hyperparameters"):
+        gpvi.fit(sparse, X, y, learn_inducing=True)  # nothing is learned: the flag would do nothing
+    full = gpvi.GP(kernel=gpvi.kernels.RBF(), likelihood=L.Bernoulli())
+    for learn in (True, ["kernel.lengthscale"]):
+        with pytest.raises(ValueError, match="learn_inducing.*inducing inputs"):
+            gpvi.fit(full, X, y, learn_hyperparameters=learn, learn_inducing=True)

@@ -1,0 +1,246 @@
+"""The chunked data sums against a dense NumPy computation."""
+import numpy as np
+import pytest
+
+import gpvi
+from gpvi import likelihoods as L
+
+
+@pytest.mark.parametrize("d,blocks,cached", [(7, None, True), (7, 3, False), (130, None, True),
+                                              (200, None, True), (200, 1, True), (200, 4, False), (30, 30, True)])
+def test_sums_match_dense_numpy(rng, d, blocks, cached):
+    # blocks=None is the default split (1 block below d = 144, 2 at d = 200); the others force
+    # uneven blocks, down to one row each, with the projections cached or recomputed per chunk.
+    N = 301
+    X = rng.normal(size=(N, d)) / np.sqrt(d)
+    y = rng.poisson(1.5, size=N)
+    model = gpvi.GLM(likelihood=L.Poisson(), prior_variance=0.7)
+    # 3 chunks of 101 rows, 2 of them padding
+    obj = gpvi.Objective(model, X, y, chunk_size=128, blocks=blocks, cache_bytes=2**30 if cached else 0)
+    assert obj.cached == cached and obj.blocks == (gpvi.objective.num_blocks(d) if blocks is None else blocks)
+    m = rng.normal(size=d) * 0.1
+    B = rng.normal(size=(d, d)) / np.sqrt(d)
+    C = np.linalg.cholesky(0.3 * np.eye(d) + 0.2 * B @ B.T)
+    sums = obj.sums(gpvi.State(m, C))
+    # Dense truth: a_i = sqrt(0.7) x_i, Poisson E = y m − e^{m+v/2} − log y!.
+    A = np.sqrt(0.7) * X
+    mi = A @ m
+    vi = np.einsum("ij,jk,ik->i", A, C @ C.T, A)
+    from scipy.special import gammaln
+    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
+    lam = -np.exp(mi + vi / 2)
+    rho = y + lam
+    V = C @ C.T
+    kl = 0.5 * (np.trace(V) + m @ m - d - np.linalg.slogdet(V)[1])
+    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(sums.grad), A.T @ rho - m, rtol=1e-10, atol=1e-10)
+    S = np.asarray(sums.S)
+    np.testing.assert_allclose(S, (A * lam[:, None]).T @ A, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(S, S.T, rtol=0, atol=0)
+    np.testing.assert_allclose(float(obj.vlb(gpvi.State(m, C))), E.sum() - kl, rtol=1e-12)
+
+
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_recomputed_sparse_gp_sums_in_raw_features_match_dense_numpy(rng, blocks):
+    # With the projections recomputed per pass, the sparse GP's sums are taken in the raw
+    # features K(Z, x) and mapped through L⁻¹ once (objective._raw_operator); against the
+    # dense computation with a_i = L⁻¹ K(Z, x_i) by a triangular solve, on inducing inputs
+    # close enough together that K(Z, Z) has a condition number ~1e8.  The rounding of the raw
+    # sums is magnified by up to cond(K(Z, Z))·ε on the way through L⁻¹ (measured here: VLB
+    # ~1e-10, S ~4e-9 relative, against ~1e-12 for the per-chunk projections); the tolerances
+    # below allow that and no more.
+    from scipy.linalg import cho_factor, solve_triangular
+    from scipy.special import gammaln
+
+    N, M = 257, 24
+    X = rng.uniform(-2, 2, (N, 2))
+    Z = np.concatenate([X[:12], X[:12] + 0.05 * rng.normal(size=(12, 2))])
+    y = rng.poisson(2.0, size=N)
+    k = gpvi.kernels.RBF(variance=0.8, lengthscale=1.3)
+    model = gpvi.SparseGP(k, L.Poisson(), inducing=Z, mean=0.3)
+    obj = gpvi.Objective(model, X, y, chunk_size=64, blocks=blocks, cache_bytes=0)
+    assert not obj.cached
+    m = rng.normal(size=M) * 0.3
+    B = rng.normal(size=(M, M)) / np.sqrt(M)
+    C = np.linalg.cholesky(0.4 * np.eye(M) + 0.1 * B @ B.T)
+    sums = obj.sums(gpvi.State(m, C))
+    Kzz, Kzx = np.asarray(k(Z, Z)), np.asarray(k(Z, X))
+    assert np.linalg.cond(Kzz) > 1e7
+    Lz = np.linalg.cholesky(Kzz + 1e-8 * np.mean(np.diag(Kzz)) * np.eye(M))  # the model's jitter
+    A = solve_triangular(Lz, Kzx, lower=True).T
+    V = C @ C.T
+    mi = A @ m + 0.3
+    vi = np.maximum(0.8 - np.sum(A * A, 1), 0) + np.einsum("ij,jk,ik->i", A, V, A)
+    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
+    lam = -np.exp(mi + vi / 2)
+    kl = 0.5 * (np.trace(V) + m @ m - M - np.linalg.slogdet(V)[1])
+    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-9)
+    np.testing.assert_allclose(float(obj.vlb(gpvi.State(m, C))), E.sum() - kl, rtol=1e-9)
+    g = A.T @ (y + lam) - m
+    np.testing.assert_allclose(np.asarray(sums.grad), g, rtol=0, atol=1e-7 * np.max(np.abs(g)))
+    S, S_ref = np.asarray(sums.S), (A * lam[:, None]).T @ A
+    np.testing.assert_allclose(S, S_ref, rtol=0, atol=1e-7 * np.max(np.abs(S_ref)))
+    np.testing.assert_allclose(S, S.T, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("N,chunk", [(1, 2048), (2048, 2048), (2049, 2048), (20000, 2048), (301, 128), (7, 1)])
+def test_chunks_are_balanced_and_keep_every_row(rng, N, chunk):
+    from gpvi.objective import make_chunks
+
+    X, y = rng.normal(size=(N, 2)), rng.normal(size=N)
+    ch = make_chunks(X, y, chunk_size=chunk)
+    C, n = ch.mask.shape
+    assert n <= chunk and C == -(-N // chunk)  # the fewest chunks that fit
+    assert C * n - N < C  # padding under one row per chunk
+    keep = np.asarray(ch.mask).ravel() > 0
+    assert keep.sum() == N and np.all(keep[:N])
+    np.testing.assert_array_equal(np.asarray(ch.X).reshape(-1, 2)[:N], X)
+    np.testing.assert_array_equal(np.asarray(ch.y).ravel()[:N], y)
+
+
+def test_block_count_is_checked_and_chosen_by_size(rng):
+    from gpvi.objective import block_edges, num_blocks
+
+    assert [num_blocks(d) for d in (1, 143, 144, 200, 300, 450, 5000)] == [1, 1, 2, 2, 2, 3, 4]
+    assert block_edges(10, 3) == (0, 3, 7, 10)
+    X, y = rng.normal(size=(20, 4)), rng.poisson(1.0, size=20)
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="blocks"):
+            gpvi.Objective(gpvi.GLM(likelihood=L.Poisson()), X, y, blocks=bad)
+
+
+def test_non_triangular_init_is_refactorised(rng):
+    X = rng.normal(size=(50, 3))
+    y = rng.poisson(1.0, size=50)
+    model = gpvi.GLM(likelihood=L.Poisson())
+    Q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    C = np.linalg.cholesky(np.diag([0.5, 0.3, 0.2]))
+    full = C @ Q  # same V = C Cᵀ, not triangular
+    a = gpvi.fit(model, X, y, init=gpvi.State(np.zeros(3), full), max_iter=1)
+    b = gpvi.fit(model, X, y, init=gpvi.State(np.zeros(3), C), max_iter=1)
+    assert a.vlb == pytest.approx(b.vlb, rel=1e-12)
+    with pytest.raises(ValueError, match="init"):
+        gpvi.fit(model, X, y, init=gpvi.State(np.zeros(3), np.full((3, 3), np.nan)))
+
+
+def test_unfactorisable_prior_raises_a_clear_error(rng):
+    # A "kernel" whose Gram matrix is negative definite: no jitter makes it factorisable.
+    class Negated(gpvi.kernels.RBF):
+        def __call__(self, X1, X2=None):
+            return -super().__call__(X1, X2)
+
+    X = rng.normal(size=(30, 2))
+    y = rng.poisson(1.0, size=30)
+    for model in (gpvi.SparseGP(kernel=Negated(), likelihood=L.Poisson(), inducing=X[:5]),
+                  gpvi.GP(kernel=Negated(), likelihood=L.Poisson())):
+        with pytest.raises(np.linalg.LinAlgError, match="Cholesky of K"):
+            gpvi.fit(model, X, y)
+
+
+def test_full_gp_training_projection_matches_dense_numpy(rng):
+    # A full GP's cached projections of its own training rows are gathered from Lᵀ
+    # (GP.training_projection), chunks padded with copies of row 0; against the dense
+    # computation with a_i = row i of L, and against projections recomputed per chunk by the
+    # triangular solve L⁻¹ K(X, x_i) (cache_bytes=0).
+    from scipy.special import gammaln
+
+    N = 301
+    X = rng.uniform(-2, 2, (N, 2))
+    y = rng.poisson(2.0, size=N)
+    k = gpvi.kernels.RBF(variance=0.8, lengthscale=0.3)  # K(X, X) well conditioned (~1e8)
+    model = gpvi.GP(k, L.Poisson(), mean=0.3)
+    obj = gpvi.Objective(model, X, y, chunk_size=128)
+    assert obj.cached and obj.chunks.mask.size > N  # padded
+    m = rng.normal(size=N) * 0.3
+    B = rng.normal(size=(N, N)) / np.sqrt(N)
+    C = np.linalg.cholesky(0.4 * np.eye(N) + 0.1 * B @ B.T)
+    sums = obj.sums(gpvi.State(m, C))
+    K = np.asarray(k(X, X))
+    Lk = np.linalg.cholesky(K + 1e-8 * np.mean(np.diag(K)) * np.eye(N))
+    V = C @ C.T
+    mi = Lk @ m + 0.3
+    vi = np.einsum("ij,jk,ik->i", Lk, V, Lk)
+    lam = -np.exp(mi + vi / 2)
+    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
+    kl = 0.5 * (np.trace(V) + m @ m - N - np.linalg.slogdet(V)[1])
+    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-11)
+    np.testing.assert_allclose(np.asarray(sums.grad), Lk.T @ (y + lam) - m, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(sums.S), (Lk * lam[:, None]).T @ Lk, rtol=1e-9, atol=1e-9)
+    rec = gpvi.Objective(model, X, y, chunk_size=128, cache_bytes=0)
+    assert not rec.cached
+    _same_sums(rec.sums(gpvi.State(m, C)), sums)
+
+
+def test_multilatent_full_gp_training_projection_matches_recomputed(rng):
+    # the same gather for two full-GP latents (one kernel each), against the solve per chunk
+    from gpvi.models.multilatent import MultiLatent
+    from gpvi.likelihoods.softmax import Softmax
+
+    N = 151  # 3 chunks of 51 rows, 2 of them padding
+    X = rng.uniform(-2, 2, (N, 2))
+    y = (X[:, 0] > 0).astype(float)
+    model = MultiLatent.full([gpvi.kernels.RBF(lengthscale=0.3), gpvi.kernels.Matern52(lengthscale=0.5)],
+                             Softmax(num_classes=2), mean=[0.0, 0.4])
+    obj = gpvi.Objective(model, X, y, chunk_size=64)
+    assert obj.cached and obj.coupled and obj.chunks.mask.size > N
+    m = rng.normal(size=(2, N)) * 0.3
+    B = rng.normal(size=(N, N)) / np.sqrt(N)
+    C1 = np.linalg.cholesky(0.4 * np.eye(N) + 0.1 * B @ B.T)
+    state = gpvi.State(m, np.stack([C1, 0.5 * C1]))
+    sums = obj.sums(state)
+    assert sums.rows_h.shape == obj.chunks.mask.shape + (2, 2)
+    _same_sums(gpvi.Objective(model, X, y, chunk_size=64, cache_bytes=0).sums(state), sums)
+
+
+def _same_sums(a, b):
+    np.testing.assert_allclose(float(a.vlb), float(b.vlb), rtol=1e-11)
+    for x, y in ((a.grad, b.grad), (a.S, b.S)):
+        x, y = np.asarray(x), np.asarray(y)
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-9 * np.abs(y).max())
+
+
+@pytest.mark.parametrize("kind", ["glm", "sparse_cached", "sparse_raw", "full_gp", "two_latents", "clipped"])
+def test_trace_of_SV_from_the_pass_matches_the_dense_product(rng, kind):
+    # Sums.trSV = Σ λ_i a_iᵀ V a_i comes from the marginal variances of the pass (in the raw
+    # features of a recomputed sparse GP: Σ λ aᵀ(V − I)a + tr S); against tr(S V) formed
+    # densely, and the gap estimate with it against the one by the d×d×d product.
+    import jax.numpy as jnp
+
+    from gpvi.engines._common import estimated_gap
+    from gpvi.models.multilatent import MultiLatent
+    from gpvi.likelihoods.softmax import Softmax
+
+    N, D = 203, 2
+    X = rng.uniform(-2, 2, (N, D))
+    y = rng.poisson(2.0, size=N).astype(float)
+    k = gpvi.kernels.RBF(variance=0.8, lengthscale=0.7)
+    cache, clip, Q = 2**30, False, None
+    if kind == "glm":
+        model = gpvi.GLM(likelihood=L.Poisson(), prior_variance=0.7)
+    elif kind in ("sparse_cached", "sparse_raw"):
+        model = gpvi.SparseGP(k, L.Poisson(), inducing=X[:17], mean=0.2)
+        cache = 0 if kind == "sparse_raw" else cache
+    elif kind == "full_gp":
+        model = gpvi.GP(k, L.Poisson(), mean=0.2)
+    elif kind == "two_latents":
+        y = (X[:, 0] > 0).astype(float)
+        model, Q = MultiLatent.full([k, gpvi.kernels.Matern52(lengthscale=0.5)], Softmax(num_classes=2)), 2
+    else:  # Student-t: some λ_i > 0, clipped to 0 in S and in tr(S V) alike
+        y = rng.standard_t(2.0, size=N) * 3.0
+        model, clip = gpvi.SparseGP(k, L.StudentT(df=3.0, scale=0.3), inducing=X[:17]), True
+    obj = gpvi.Objective(model, X, y, chunk_size=64, cache_bytes=cache)
+    d = obj.dim
+    shape = (Q, d) if Q else (d,)
+    B = rng.normal(size=shape + (d,)) / np.sqrt(d)
+    C = np.linalg.cholesky(0.3 * np.eye(d) + 0.2 * B @ np.swapaxes(B, -1, -2))
+    state = gpvi.State(jnp.asarray(rng.normal(size=shape) * 0.3), jnp.asarray(C))
+    sums = obj.sums(state, clip_gamma=clip)
+    assert sums.trSV is not None and obj.cached == (cache > 0)
+    if clip:  # some λ_i > 0 were clipped
+        assert np.abs(np.asarray(obj.sums(state).trSV) - np.asarray(sums.trSV)) > 1e-3
+    S, V = np.asarray(sums.S), C @ np.swapaxes(C, -1, -2)
+    np.testing.assert_allclose(np.asarray(sums.trSV), np.einsum("...ij,...ji->...", S, V), rtol=1e-10, atol=1e-10)
+    with_pass = float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
+    dense = float(estimated_gap(state, sums.grad, sums.S)[0])
+    assert np.isfinite(dense) and dense > 0
+    np.testing.assert_allclose(with_pass, dense, rtol=1e-9)
