@@ -230,7 +230,7 @@ def mining(hmc_warmup, hmc_samples, chains, seed=0):
     for name, K in (("MIX", 1), ("MIX2", 2)):
         t = time.perf_counter()
         rm = fit_mog(model, X, counts, components=K)
-        mm, vv = rm.predict_f(X)
+        mm, vv = rm.predict_components(X)  # (K, n): the intensity mixes over components
         comp_m, comp_v = (np.asarray(a) for a in gpvi.pointprocess.intensity_moments(mm, vv))
         mean = comp_m.mean(0)
         out[name] = dict(mean=mean, var=(comp_v + comp_m**2).mean(0) - mean**2, seconds=time.perf_counter() - t,

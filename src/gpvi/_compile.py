@@ -16,7 +16,7 @@ fold of a different size).  Two remedies:
   on the program text, the compiler options and the jaxlib version, so a stale entry is never
   used for another program.
 
-The persistent cache is bounded and never noisy (issue 30):
+The persistent cache is bounded and never noisy:
 
 - **Size limit.**  gpvi's directory is kept under ``GPVI_COMPILATION_CACHE_MAX_MB`` megabytes
   (MiB; default 256): before an entry is written, the least recently used entries (oldest

@@ -6,8 +6,9 @@ class name + static settings — and one ``.npy`` array per parameter and per pi
 fitted state.  Only gpvi's own classes (and classes registered with :func:`register`) can be
 rebuilt, so loading a file never imports or runs code named by the file.
 
-``save(obj, path)`` accepts a :class:`gpvi.FitResult` or any object with ``_to_gpvi_file``
-(the scikit-learn estimators); ``load(path)`` returns the same kind of object.
+``save(obj, path)`` accepts a :class:`gpvi.FitResult` (of a Gaussian posterior, or the mixture
+posterior's :class:`~gpvi.fitting.mog.MoGResult`) or any object with ``_to_gpvi_file`` (the
+scikit-learn estimators); ``load(path)`` returns the same kind of object.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from gpvi import likelihoods
-from gpvi.fitting.codec import (decode, encode, fit_result_from_arrays, fit_result_to_arrays, real_array, register,
-                                short, why)
+from gpvi.fitting.codec import (decode, encode, fit_result_from_arrays, fit_result_to_arrays, mog_result_from_arrays,
+                                mog_result_to_arrays, real_array, register, short, why)
+from gpvi.fitting.mog import MoGResult
 from gpvi.models.base import check_X
 
 __all__ = ["save", "load", "register", "encode", "decode", "atomic_write", "FORMAT", "VERSION"]
@@ -87,7 +89,9 @@ def save(obj, path, extra: dict | None = None) -> Path:
         except (TypeError, ValueError) as err:
             raise ValueError(f"extra must be JSON-serialisable (finite numbers, strings, lists, dicts): {err}") from None
 
-    if isinstance(obj, FitResult):
+    if isinstance(obj, MoGResult):
+        kind, (meta, arrays) = "MoGResult", mog_result_to_arrays(obj)
+    elif isinstance(obj, FitResult):
         kind, (meta, arrays) = "FitResult", fit_result_to_arrays(obj)
     elif hasattr(obj, "_to_gpvi_file"):
         kind = type(obj).__name__
@@ -266,6 +270,8 @@ def _load(path):
             kind = meta["kind"]
             if kind == "FitResult":
                 return fit_result_from_arrays(meta, arrays), extra
+            if kind == "MoGResult":
+                return mog_result_from_arrays(meta, arrays), extra
             cls = getattr(estimators, kind) if isinstance(kind, str) and kind in estimators.__all__ else None
             if cls is None:
                 raise ValueError(f"unknown object kind {short(kind)}")

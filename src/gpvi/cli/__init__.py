@@ -1061,7 +1061,7 @@ class _InterruptGuard:
     * The first SIGINT raises KeyboardInterrupt in the main thread as usual, so that ``finally``
       blocks run (an atomic write removes its temporary file); :func:`main` catches it and calls
       :meth:`exit`, which flushes stdout and stderr and ends the process with :func:`os._exit`.
-      A normal interpreter exit is what crashed (SIGSEGV after the message, issue 21): the
+      A normal interpreter exit is what crashed (SIGSEGV after the message): the
       interrupt can arrive while XLA compiles a program on a thread of its own (the main thread
       waits for it interruptibly), and the exit then destroyed the XLA client under that thread.
     * Python swallows an exception raised in a garbage-collector callback (JAX registers one) or
@@ -1168,8 +1168,8 @@ def main(argv=None, *, exit_on_interrupt: bool | None = None) -> int:
     An interrupt (SIGINT, Ctrl-C) prints ``gpvi: interrupted`` and gives exit code 130.  With
     ``exit_on_interrupt`` (the default when ``argv`` is None, i.e. when run as the ``gpvi``
     command) the process then ends at once with :func:`os._exit`, after flushing stdout and
-    stderr, and interrupts that Python would swallow are honoured: see :class:`_InterruptGuard`
-    (issue 21).  Nothing is lost by skipping the interpreter's teardown: output files are
+    stderr, and interrupts that Python would swallow are honoured: see :class:`_InterruptGuard`.
+    Nothing is lost by skipping the interpreter's teardown: output files are
     written atomically, so an interrupted write leaves the previous file.
     """
     if exit_on_interrupt is None:

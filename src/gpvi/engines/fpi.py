@@ -6,30 +6,21 @@ together a natural-gradient step of size 1.  The step is safeguarded: a step tha
 lower the VLB is damped (backtracking on the natural-gradient step size), and a 2-cycle
 halves the step size; both are counted in the result.
 
-When the joint step has been rejected twice, FPi switches to the paper's order for the rest
-of the run: a (safeguarded) Newton step on the mean, then a fixed-point step on the covariance
-at the new mean — two passes over the data per iteration instead of one, but no more
-rejections.  Measured on logistic models (``benchmarks/vlb_time.py``), where the joint step
-was rejected in about every other iteration and the rejections (3 passes each) made
-convergence slowly linear: a GP with 500 points needed 662 passes to come within 1e-9 of the
-optimum jointly and 23 in the paper's order.  ``extras["sequential_from"]`` gives the
-iteration of the switch (absent when there was none) and ``extras["sequential_because"]``
-why (``"rejected steps"``, ``"slow steps"`` or ``"coupled latents"``).
+FPi switches to the paper's order for the rest of the run — a (safeguarded) Newton step on the
+mean, then a fixed-point step on the covariance at the new mean: two passes over the data per
+iteration instead of one, but no rejections — when
 
-FPi also switches when the joint steps are all accepted but slow: when the estimated gap has
-shrunk by less than a factor ``SLOW_RATIO`` per step for ``SLOW_RUN`` steps in a row.  Seen
-with three softmax latents (USPS 4-7-9, kernel variance 49, warm-started from the optimum at
-variance 25): every joint step was accepted at full size and the gap shrank by 3 % per step
-(300 iterations from 0.008 to 5e-7 nats), where the paper's order took 7 iterations (14
-passes) to 1e-8.  From the prior, the same fit had switched after two rejections.  On
-logistic GPs (80 rows, kernel variance 10, lengthscale 0.3, three data sets) joint steps that
-were never rejected needed 33–53 passes to 1e-9 relative, 17–19 with this switch.
+- the joint step has been rejected twice (on logistic models rejections made convergence
+  slowly linear);
+- the joint steps are all accepted but slow: the estimated gap shrank by less than a factor
+  :data:`SLOW_RATIO` per step for :data:`SLOW_RUN` steps in a row;
+- the likelihood couples the latents (softmax; ``objective.coupled``): from the second
+  iteration on.
 
-With latents that the likelihood couples (softmax; ``objective.coupled``) FPi takes the
-paper's order from the second iteration on: the joint steps there were rejected or slow in
-every fit of the USPS hyperparameter search (learned shared kernel, default tol: 128 passes
-and 63 s with the switch by the two rules above, 94 passes and 45 s from the second
-iteration).
+``extras["sequential_from"]`` gives the iteration of the switch (absent when there was none)
+and ``extras["sequential_because"]`` why (``"rejected steps"``, ``"slow steps"`` or
+``"coupled latents"``).  The measurements behind these rules are in ``benchmarks/README.md``
+("Why fpi switches to the paper's order").
 """
 from __future__ import annotations
 

@@ -431,7 +431,7 @@ def check_learned_hyperparameters(model, names, log_marginal: float, vlb: float,
     And since ``vlb ≤ log p(y)``, the Laplace evidence overestimates ``log p(y)`` by at most Δ:
     a large Δ means the maximised objective may be mostly approximation error.
 
-    That is what happens on (nearly) separable data (issue 14 §4: 200 points x ~ U(−3, 3),
+    That is what happens on (nearly) separable data (200 points x ~ U(−3, 3),
     y = 1 for x > 0, RBF GP): the larger the latent scale (kernel variance, GLM prior
     variance), the further the mode's latents move from 0 (only like its logarithm), the
     likelihood saturates there, ``Ψ(ŵ) → 0`` and the curvatures ``h_i → 0``, so ``H → I`` and

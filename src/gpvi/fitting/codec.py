@@ -16,10 +16,12 @@ import numpy as np
 
 from gpvi import kernels, likelihoods, models
 from gpvi._module import Module
+from gpvi.fitting.mog import MoGResult, latent_gps
 from gpvi.fitting.posterior import FitResult
 from gpvi.objective import State
 
-__all__ = ["register", "encode", "decode", "known_classes", "short", "why", "real_array", "fit_result_to_arrays", "fit_result_from_arrays"]
+__all__ = ["register", "encode", "decode", "known_classes", "short", "why", "real_array", "fit_result_to_arrays",
+           "fit_result_from_arrays", "mog_result_to_arrays", "mog_result_from_arrays"]
 
 _REGISTRY: dict[str, type] = {}
 
@@ -131,7 +133,10 @@ def _valid_scalar(key: str, value) -> bool:
 
 
 def fit_result_to_arrays(fit, prefix="fit"):
-    """(meta dict, arrays dict) for a :class:`gpvi.FitResult`."""
+    """(meta dict, arrays dict) for a :class:`gpvi.FitResult` of a Gaussian posterior (a
+    :class:`~gpvi.fitting.mog.MoGResult` is :func:`mog_result_to_arrays`')."""
+    if isinstance(fit, MoGResult) or fit.state is None:
+        raise ValueError("a mixture posterior (MoGResult) is encoded by mog_result_to_arrays")
     arrays: dict[str, np.ndarray] = {}
     meta = {"model": encode(fit.model, arrays, f"{prefix}.model"),
             "scalars": {k: getattr(fit, k) for k in _SCALARS}}
@@ -187,6 +192,73 @@ def fit_result_from_arrays(meta, arrays, prefix="fit"):
     prior = _checked_prior(model, leaves, scalars["input_dim"], d)
     return FitResult(model=model, state=State(jnp.asarray(mean), jnp.asarray(chol)), trace=trace,
                      prior=prior, **scalars)
+
+
+# Fields of MoGResult stored in meta["scalars"] (the others are those of every MoGResult).
+_MOG_SCALARS = ("vlb", "iterations", "converged", "message", "engine", "evaluations", "hyperparameter_rounds",
+                "seconds", "input_dim")
+
+
+def mog_result_to_arrays(fit, prefix="mog"):
+    """(meta dict, arrays dict) for a :class:`~gpvi.fitting.mog.MoGResult`: the model as
+    :func:`encode` writes it, the scalar fields and ``extras`` as metadata, and the training
+    inputs, the components' means and variances and the trace as arrays."""
+    arrays: dict[str, np.ndarray] = {}
+    scalars = {k: getattr(fit, k) for k in _MOG_SCALARS}
+    meta = {"model": encode(fit.model, arrays, f"{prefix}.model"),
+            "scalars": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in scalars.items()},
+            "extras": {k: (v.item() if isinstance(v, np.generic) else v) for k, v in fit.extras.items()}}
+    for name in ("X", "means", "variances", "trace"):
+        arrays[f"{prefix}.{name}"] = np.asarray(getattr(fit, name), dtype=np.float64)
+    return meta, arrays
+
+
+def mog_result_from_arrays(meta, arrays, prefix="mog"):
+    """Rebuild a :class:`~gpvi.fitting.mog.MoGResult` written by :func:`mog_result_to_arrays`.
+
+    Everything is checked before it is used: the types of the scalar fields; that the model is
+    a full GP or a MultiLatent of full GPs with a likelihood and finite parameters; that ``X`` is
+    finite (N, input_dim) and that every latent's kernel takes it; that ``means`` and positive
+    ``variances`` are finite (K, N), or (K, Q, N) with Q latent functions, with K the
+    ``components`` of ``extras``; that the trace is (rows, 2).  Raises ``ValueError`` (or
+    ``KeyError``, ``TypeError``) if not.
+    """
+    scalars = meta["scalars"]
+    if not isinstance(scalars, dict) or set(scalars) != set(_MOG_SCALARS):
+        raise ValueError(f"scalars must have the fields {sorted(_MOG_SCALARS)}, got {short(scalars)}")
+    for k, v in scalars.items():
+        if not _valid_scalar(k, v):
+            raise ValueError(f"scalars.{k} = {short(v)} is not a valid {k}")
+    extras = meta["extras"]
+    K = extras.get("components") if isinstance(extras, dict) else None
+    if type(K) is not int or K < 1:
+        raise ValueError(f"extras must name the number of components, got {short(extras)}")
+    model = decode(meta["model"], arrays)
+    if not isinstance(model, models.Model):
+        raise ValueError(f"the model is a {type(model).__name__}, not a gpvi model")
+    if not isinstance(getattr(model, "likelihood", None), likelihoods.Likelihood):
+        raise ValueError(f"the model {type(model).__name__} has no likelihood")
+    for name, value in model.parameters().items():
+        real_array(value, f"parameter {name}")
+    lats = latent_gps(model)  # a ValueError unless full GPs
+    D = scalars["input_dim"]
+    X = real_array(arrays[f"{prefix}.X"], "X")
+    if X.ndim != 2 or X.shape[0] < 1 or X.shape[1] != D:
+        raise ValueError(f"X must have shape (N, {D}), got {X.shape}")
+    for lat in lats:  # each kernel takes D columns (shapes traced, nothing computed)
+        jax.eval_shape(lambda k, x: k(x[:1], x[:1]), lat.kernel, jax.ShapeDtypeStruct(X.shape, np.float64))
+    shape = (K, X.shape[0]) if len(lats) == 1 else (K, len(lats), X.shape[0])
+    means = real_array(arrays[f"{prefix}.means"], "means")
+    variances = real_array(arrays[f"{prefix}.variances"], "variances")
+    if means.shape != shape or variances.shape != shape:
+        raise ValueError(f"means and variances must have shape {shape}, got {means.shape} and {variances.shape}")
+    if np.any(variances <= 0):
+        raise ValueError("variances must be positive")
+    trace = real_array(arrays[f"{prefix}.trace"], "trace", finite=False)
+    if trace.ndim != 2 or trace.shape[1] != 2:
+        raise ValueError(f"trace must have shape (K, 2), got {trace.shape}")
+    return MoGResult(model=model, state=None, trace=trace, extras=dict(extras), X=X, means=means,
+                     variances=variances, **scalars)
 
 
 def _checked_prior(model, leaves, D, d):

@@ -98,9 +98,13 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
 
     posterior : ``"gaussian"`` (default; the paper's FULL) or ``"mog"``: a mixture of
         ``components`` diagonal Gaussians (Nguyen & Bonilla 2014: MIX, MIX2 = 2 components) over
-        a full GP's latents (or all latents of a ``MultiLatent`` of full GPs), fitted by L-BFGS
-        (:func:`gpvi.fitting.mog.fit_mog`, which returns a :class:`gpvi.fitting.mog.MoGResult`;
-        the engine options do not apply).
+        a full GP's latents (or all latents of a ``MultiLatent`` of full GPs), fitted by L-BFGS-B
+        on the mixture bound (:func:`gpvi.fitting.mog.fit_mog`).  The result is a
+        :class:`gpvi.fitting.mog.MoGResult`, a ``FitResult`` with the same predictions (of the
+        mixture), trace, ``callback``, ``progress`` and model files.  ``model``, ``X``, ``y``,
+        ``learn_hyperparameters``, ``seed``, ``progress``, ``callback`` and ``components`` apply
+        to it; any other option set to other than its default is a ``ValueError`` (call
+        :func:`~gpvi.fitting.mog.fit_mog` for the L-BFGS-B's ``max_iter`` and ``tol``).
 
     Returns
     -------
@@ -113,10 +117,28 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         if not isinstance(learn_inducing, (bool, np.bool_)) or learn_inducing:
             raise ValueError("learn_inducing must be False with posterior='mog' (a mixture posterior over full "
                              "GPs, which have no inducing inputs)")
+        import inspect
+        import numbers
+
+        # the options of the Gaussian path: each must keep its default (or say the same thing)
+        given = {"engine": engine, "tol": tol, "tol_nats": tol_nats, "max_iter": max_iter, "offset": offset,
+                 "exposure": exposure, "init": init, "max_rounds": max_rounds, "chunk_size": chunk_size,
+                 "cache_bytes": cache_bytes, "engine_options": engine_options, "subset": subset,
+                 "executor": executor}
+        defaults = inspect.signature(fit).parameters
+        same = {"init": ("prior",), "engine_options": ({},)}  # spelled otherwise, the default
+        unused = [name for name, value in given.items()
+                  if not (value is None and defaults[name].default is None
+                          or isinstance(value, (str, numbers.Real, dict)) and not isinstance(value, bool)
+                          and (value == defaults[name].default or value in same.get(name, ())))]
+        if unused:
+            raise ValueError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply with "
+                             "posterior='mog' (L-BFGS-B on the mixture bound of a full GP, on all rows, without "
+                             "an offset); gpvi.fitting.mog.fit_mog takes the L-BFGS-B's max_iter and tol")
         from gpvi.fitting.mog import fit_mog
 
         return fit_mog(model, X, y, components=components, learn_hyperparameters=learn_hyperparameters,
-                       seed=seed)
+                       seed=seed, callback=callback, progress=progress)
     t0 = time.perf_counter()
     problem = validate(model, X, y, engine=engine, learn_hyperparameters=learn_hyperparameters,
                        learn_inducing=learn_inducing, tol=tol, tol_nats=tol_nats, max_iter=max_iter,

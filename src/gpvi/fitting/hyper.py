@@ -209,7 +209,7 @@ def profile_search(problem, runner, model, names, state):
     chunks = None if blockwise else make_chunks(X, y, offset, problem.chunk_size, bucketed=bucketable(model))
     # padded rows share compiled programs (the block-wise path has its own fixed block shapes)
     Xj = jnp.asarray(X) if blockwise else prior_inputs(model, jnp.asarray(X), chunks)
-    # Inner runs need only be as exact as the search's progress requires (issue 19): their gap
+    # Inner runs need only be as exact as the search's progress requires: their gap
     # threshold is 1e-3 of the bound's last gain between L-BFGS-B iterations (of the gain the
     # first step predicts in the first round), with a relative tol between tol·1e-3 (near the
     # end) and INNER_TOL_CAP (early, while rounds gain many nats).  A fixed tol·1e-3 made fpi crawl

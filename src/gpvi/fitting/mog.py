@@ -27,6 +27,13 @@ those of the likelihood (closed forms, Gauss–Hermite, or Monte Carlo with :cla
 Everything is optimised by L-BFGS on ``(m, log s)`` — and, with ``learn_hyperparameters``, the
 unconstrained kernel/likelihood/mean parameters jointly — with gradients by autodiff through the
 expectations (the gradient engine's method; the fixed-point engines need a Gaussian q).
+
+``gpvi.fit(model, X, y, posterior="mog", components=K)`` calls :func:`fit_mog` and returns a
+:class:`MoGResult`, a :class:`~gpvi.fitting.posterior.FitResult` like every result of
+:func:`gpvi.fit`: the same ``predict_f`` / ``predict_y`` / ``predict_proba`` /
+``log_predictive_density`` (of the mixture; ``predict_f`` gives its mean and variance,
+:meth:`MoGResult.predict_components` each component's), the same ``trace``, ``callback`` and
+progress bar, and it is saved and loaded by :func:`gpvi.io.save` / :func:`gpvi.io.load`.
 """
 from __future__ import annotations
 
@@ -41,11 +48,15 @@ import scipy.optimize
 from jax.scipy.linalg import cho_solve, solve_triangular  # noqa: F401
 
 from gpvi._module import flatten_params, unflatten_params
+from gpvi._watchdog import paused
+from gpvi.fitting.posterior import FitResult
+from gpvi.fitting.predict import likelihood_call
 from gpvi.fitting.problem import learnable_parameters
+from gpvi.fitting.runner import progress_callback
 from gpvi.models.base import GP, check_X, cholesky
 from gpvi.likelihoods.base import as_array
 
-__all__ = ["fit_mog", "MoGResult", "entropy_lower_bound", "mixture_entropy_1d2d"]
+__all__ = ["fit_mog", "MoGResult", "latent_gps", "entropy_lower_bound", "mixture_entropy_1d2d"]
 
 _LOG2PI = float(np.log(2 * np.pi))
 
@@ -83,7 +94,7 @@ def _check_components(K):
     return int(K)
 
 
-def _latent_gps(model) -> list:
+def latent_gps(model) -> list:
     """The full GPs of the latent functions: ``[model]`` for a GP, ``model.latents`` for a
     :class:`~gpvi.multilatent.MultiLatent` of full GPs; a ``ValueError`` otherwise."""
     from gpvi.models.multilatent import MultiLatent
@@ -107,7 +118,7 @@ def _rows(a):
 def _prior_factors(model, X):
     """Per latent: ``(L, diag K⁻¹, log det K)`` of its prior covariance on the training inputs."""
     out = []
-    for lat in _latent_gps(model):  # a loop over the Q latent functions
+    for lat in latent_gps(model):  # a loop over the Q latent functions
         L, _ = cholesky(lat.kernel(X, X), lat.jitter)
         Linv = solve_triangular(L, jnp.eye(X.shape[0], dtype=L.dtype), lower=True)
         out.append((L, jnp.sum(Linv**2, axis=0), 2.0 * jnp.sum(jnp.log(jnp.diag(L)))))
@@ -126,7 +137,7 @@ def _bound(u, logvar, model, X, y, K, factors=None):
     means, cross = [], 0.0
     if factors is None:
         factors = _prior_factors(model, X)
-    for q, (lat, (L, kinv_diag, logdet)) in enumerate(zip(_latent_gps(model), factors)):
+    for q, (lat, (L, kinv_diag, logdet)) in enumerate(zip(latent_gps(model), factors)):
         means.append(lat.mean + u[:, q] @ L.T)
         cross = cross - 0.5 * (N * _LOG2PI + logdet + jnp.sum(u[:, q] ** 2) / K + jnp.sum(s[:, q] @ kinv_diag) / K)
     means = jnp.stack(means, axis=1)
@@ -138,95 +149,133 @@ def _bound(u, logvar, model, X, y, K, factors=None):
     return ell + cross + ent, means
 
 
-@dataclasses.dataclass
-class MoGResult:
-    """A fitted mixture-of-diagonal-Gaussians posterior over the N training latents.
+@dataclasses.dataclass(kw_only=True)
+class MoGResult(FitResult):
+    """A fitted mixture-of-diagonal-Gaussians posterior over the N training latents: a
+    :class:`~gpvi.fitting.posterior.FitResult` whose predictions are the mixture's.
 
-    ``means``, ``variances`` (K, N), or (K, Q, N) with Q latent functions; ``vlb`` the bound
-    (nats, summed over the data); ``model`` with the final hyperparameters; ``X`` the training
-    inputs.
+    Beyond the fields of ``FitResult``: ``X`` the training inputs; ``means``, ``variances`` the
+    components' marginals at ``X``, (K, N), or (K, Q, N) with Q latent functions.  The shared
+    fields: ``model`` with the final hyperparameters; ``state`` None (the posterior is not one
+    Gaussian); ``engine`` ``"mog"`` (L-BFGS-B on the mixture bound, not an engine of the
+    registry); ``vlb`` the bound (nats, summed over the data); ``trace`` the bound at the start
+    and after every L-BFGS-B iteration (seconds since the start of the fit, VLB), so
+    ``iterations + 1`` rows; ``iterations`` the L-BFGS-B iterations of the whole fit (with
+    learned hyperparameters: those of q alone first, then those of the joint search, which are
+    also ``hyperparameter_rounds``); ``evaluations`` the evaluations of the bound (each a pass
+    over the data); ``converged``, ``message`` the last L-BFGS-B run's; ``gap`` NaN (no
+    certificate); ``extras`` ``{"components": K}``.  Saved and loaded by :func:`gpvi.io.save`
+    and :func:`gpvi.io.load` like any ``FitResult``.
     """
 
-    model: object
-    X: np.ndarray
+    X: np.ndarray = dataclasses.field(repr=False)
     means: np.ndarray
     variances: np.ndarray
-    vlb: float
-    iterations: int
-    converged: bool
-    message: str
-    seconds: float
 
-    def predict_f(self, Xs):
-        """Per-component latent means and variances at ``Xs`` (the GP conditional of each
-        component): two (K, n) arrays, or (K, n, Q) with Q latent functions."""
-        X = jnp.asarray(self.X)
-        Xs = jnp.asarray(check_X(Xs, "X"))
-        means = np.asarray(self.means).reshape(self.means.shape[0], -1, X.shape[0])
+    @property
+    def components(self) -> int:
+        """The number K of mixture components."""
+        return int(np.shape(self.means)[0])
+
+    def predict_components(self, X, offset=None):
+        """Each component's latent means and variances at ``X`` (the GP conditional of each
+        component, plus ``offset``): two (K, n) arrays, or (K, n, Q) with Q latent functions."""
+        X, offset = self._X(X, offset)
+        Xt = jnp.asarray(self.X)
+        Xs = jnp.asarray(X)
+        N = Xt.shape[0]
+        means = np.asarray(self.means).reshape(self.components, -1, N)
         variances = np.asarray(self.variances).reshape(means.shape)
         ms, vs = [], []
-        for q, lat in enumerate(_latent_gps(self.model)):  # a loop over the Q latent functions
-            L, _ = cholesky(lat.kernel(X, X), lat.jitter)
-            Ks = lat.kernel(X, Xs)
+        for q, lat in enumerate(latent_gps(self.model)):  # a loop over the Q latent functions
+            L, _ = cholesky(lat.kernel(Xt, Xt), lat.jitter)
+            Ks = lat.kernel(Xt, Xs)
             A = cho_solve((L, True), Ks)  # K⁻¹ k_*, (N, n)
             ms.append(lat.mean + (jnp.asarray(means[:, q]) - lat.mean) @ A)
             v0 = lat.kernel.diag(Xs) - jnp.sum(Ks * A, 0)
             vs.append(v0[None] + jnp.asarray(variances[:, q]) @ (A**2))
         m, v = jnp.stack(ms, axis=1), jnp.stack(vs, axis=1)
-        return np.asarray(_rows(m)), np.maximum(np.asarray(_rows(v)), 1e-300)
+        m, v = np.asarray(_rows(m)), np.maximum(np.asarray(_rows(v)), 1e-300)
+        if offset is not None:  # added to every latent, as for a Gaussian posterior
+            m = m + (offset if m.ndim == 2 else offset[:, None])
+        return m, v
 
-    def predict_y(self, Xs):
-        """Predictive mean and variance of y (mixture over components; law of total variance);
-        with Q latents (softmax) the class probabilities and their Bernoulli variances."""
-        m, v = self.predict_f(Xs)
-        lik = self.model.likelihood
-        parts = [lik.predict_mean_and_var(jnp.asarray(m[k]), jnp.asarray(v[k])) for k in range(m.shape[0])]
-        mu = np.stack([np.asarray(p[0]) for p in parts])
-        var = np.stack([np.asarray(p[1]) for p in parts])
+    def predict_f(self, X, offset=None):
+        """Mean and variance of the latent at ``X`` under the mixture (two (n,) arrays, (n, Q)
+        with Q latent functions); :meth:`predict_components` gives each component's."""
+        m, v = self.predict_components(X, offset)
+        mean = m.mean(0)
+        return mean, v.mean(0) + ((m - mean) ** 2).mean(0)  # the law of total variance
+
+    def _flat(self, X, offset):
+        """The components' moments at ``X`` with the K components stacked as rows: (K·n, …)."""
+        m, v = self.predict_components(X, offset)
+        return m.reshape((-1,) + m.shape[2:]), v.reshape((-1,) + v.shape[2:]), m.shape[0]
+
+    def predict_y(self, X, offset=None):
+        """Predictive mean and variance of the observation at ``X`` under the mixture (the law of
+        total variance over the components); with Q latents (softmax) the class probabilities
+        and their variances."""
+        m, v, K = self._flat(X, offset)
+        mu, var = likelihood_call(self.model.likelihood, "predict_mean_and_var", m, v)
+        mu = np.asarray(mu).reshape((K, -1) + np.shape(mu)[1:])
+        var = np.asarray(var).reshape(mu.shape)
         mean = mu.mean(0)
-        return mean, (var + mu**2).mean(0) - mean**2
+        return mean, var.mean(0) + ((mu - mean) ** 2).mean(0)
 
-    def predict_proba(self, Xs):
-        """Class probabilities under the mixture (the components' predictive probabilities
-        averaged), for likelihoods that have them (Bernoulli, Softmax, Ordinal)."""
-        m, v = self.predict_f(Xs)
-        lik = self.model.likelihood
-        return np.mean([np.asarray(lik.predict_proba(jnp.asarray(m[k]), jnp.asarray(v[k])))
-                        for k in range(m.shape[0])], axis=0)
+    def predict_proba(self, X, offset=None):
+        """Class probabilities under the mixture (the components' averaged), with the columns of
+        :meth:`FitResult.predict_proba <gpvi.fitting.posterior.FitResult.predict_proba>`."""
+        lik = self._proba_likelihood()
+        m, v, K = self._flat(X, offset)
+        p = self._class_probabilities(lik, m, v)
+        return p.reshape((K, -1) + p.shape[1:]).mean(0)
 
-    def log_predictive_density(self, Xs, ys):
-        """``log p(y* | data)`` per test point under the mixture, (n,)."""
-        m, v = self.predict_f(Xs)
+    def log_predictive_density(self, X, y, offset=None):
+        """Per-point ``log p(y* | data)`` at inputs ``X`` under the mixture: an (n,) array."""
+        X, offset = self._X(X, offset)
         lik = self.model.likelihood
-        y = jnp.asarray(lik.validate(ys))
-        lp = np.stack([np.asarray(lik.predictive_log_density(y, jnp.asarray(m[k]), jnp.asarray(v[k])))
-                       for k in range(m.shape[0])])
-        return np.logaddexp.reduce(lp, axis=0) - np.log(lp.shape[0])
+        y = np.asarray(lik.validate(y))
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]} entries")
+        m, v, K = self._flat(X, offset)
+        ys = np.tile(y, (K,) + (1,) * (y.ndim - 1))
+        lp = np.asarray(likelihood_call(lik, "predictive_log_density", ys, m, v)).reshape(K, -1)
+        return np.logaddexp.reduce(lp, axis=0) - np.log(K)
 
 
 def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, max_iter: int = 5000,
-            tol: float = 1e-9, seed: int = 0, init_spread: float = 0.1) -> MoGResult:
+            tol: float = 1e-9, seed: int = 0, init_spread: float = 0.1, callback=None,
+            progress: bool = False) -> MoGResult:
     """Fit ``q(f) = (1/K) Σ_k N(m_k, diag s_k)`` (``components = K``; MIX is K = 1, MIX2 K = 2) to
-    a full GP ``model``, or a :class:`~gpvi.multilatent.MultiLatent` of full GPs, by L-BFGS on
-    the bound (see the module docstring).
+    a full GP ``model``, or a :class:`~gpvi.multilatent.MultiLatent` of full GPs, by L-BFGS-B on
+    the bound (see the module docstring); ``gpvi.fit(..., posterior="mog")`` calls this.
 
-    ``learn_hyperparameters``: False, True (all of :func:`gpvi.learnable_parameters`) or a list of
-    dotted names, optimised jointly with q.  Components start at the prior mean plus
-    ``init_spread`` × prior sd of noise (seeded), so that they can separate.
+    ``learn_hyperparameters``: False, True (all of :func:`gpvi.learnable_parameters`), one dotted
+    name or a list of them, optimised jointly with q (after a first run of q alone at the
+    starting hyperparameters).  Components start at the prior mean plus ``init_spread`` × prior
+    sd of noise (seeded), so that they can separate.  ``max_iter``, ``tol``: the iteration limit
+    and the relative-change tolerance (``ftol``) of each L-BFGS-B run.  ``callback`` is called as
+    ``callback(iteration, vlb, seconds)`` at the start (iteration 0) and after every L-BFGS-B
+    iteration, as the rows of the trace; ``progress`` shows a progress bar on stderr.
     """
     K = _check_components(components)
-    lats = _latent_gps(model)
+    lats = latent_gps(model)
     Q = len(lats)
     X = check_X(X)
     y = as_array(y, "y")
     if y.ndim != 1 or y.shape[0] != X.shape[0]:
         raise ValueError(f"y must be a 1-D array with one entry per row of X ({X.shape[0]}), got shape {y.shape}")
+    if callback is not None and not callable(callback):
+        raise ValueError(f"callback must be callable, got {type(callback).__name__}")
     y = jnp.asarray(model.likelihood.validate(y))
     N = X.shape[0]
     Xj = jnp.asarray(X)
     names = []
     if learn_hyperparameters is True:
         names = learnable_parameters(model)
+    elif isinstance(learn_hyperparameters, str):
+        names = [learn_hyperparameters]
     elif learn_hyperparameters:
         names = list(learn_hyperparameters)
     theta0 = flatten_params(model, names)
@@ -254,31 +303,58 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
     def vg(x):
         return vg_(x, factors)
     t0 = time.perf_counter()
+    rows: list[tuple[float, float]] = []  # the trace: (seconds since t0, VLB)
+    evaluations = [0]
+    show = progress_callback(progress, "mog")
+
+    def record(vlb):
+        """One row of the trace, forwarded to the progress bar and the user's callback."""
+        t = time.perf_counter() - t0
+        rows.append((t, vlb))
+        for f in (show, callback):
+            if f is not None:
+                with paused():
+                    f(len(rows) - 1, vlb, t)
 
     def fun(x):
         v, g = vg(jnp.asarray(x))
         v = float(v)
+        evaluations[0] += 1
+        if not rows:  # the starting bound: iteration 0, as in the engines' traces
+            record(-v)
         if not np.isfinite(v):
             return np.inf, np.zeros_like(x)
         return v, np.asarray(g)
 
-    opts = dict(maxiter=max_iter, maxfun=2 * max_iter, ftol=tol, gtol=1e-8, maxcor=30)
-    if names:
-        # q first, at the starting hyperparameters: from a poor q the joint search ran into the
-        # degenerate optimum of a diagonal posterior (lengthscale → 0, all noise) on Boston
-        # (bound −425 against −381 for q alone at the same start).
-        def fun_q(xq):
-            v, g = fun(np.concatenate([xq, x0[nv:]]))
-            return v, g[:nv]
+    def on_iteration(intermediate_result):
+        record(-float(intermediate_result.fun))
 
-        rq = scipy.optimize.minimize(fun_q, x0[:nv], jac=True, method="L-BFGS-B", options=opts)
-        x0 = np.concatenate([rq.x, x0[nv:]])
-    res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", options=opts)
+    opts = dict(maxiter=max_iter, maxfun=2 * max_iter, ftol=tol, gtol=1e-8, maxcor=30)
+    try:
+        if names:
+            # q first, at the starting hyperparameters: from a poor q the joint search ran into the
+            # degenerate optimum of a diagonal posterior (lengthscale → 0, all noise) on Boston
+            # (bound −425 against −381 for q alone at the same start).
+            def fun_q(xq):
+                v, g = fun(np.concatenate([xq, x0[nv:]]))
+                return v, g[:nv]
+
+            rq = scipy.optimize.minimize(fun_q, x0[:nv], jac=True, method="L-BFGS-B", callback=on_iteration,
+                                         options=opts)
+            x0 = np.concatenate([rq.x, x0[nv:]])
+        res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=on_iteration, options=opts)
+    finally:
+        if show is not None:
+            show.close()
     u, logvar, final = split(jnp.asarray(res.x))
     means = np.asarray(_bound(u, logvar, final, Xj, y, K, factors)[1])
     variances = np.exp(np.asarray(logvar))
     if Q == 1:  # one latent: (K, N), as before
         means, variances = means[:, 0], variances[:, 0]
-    return MoGResult(model=final, X=X, means=means, variances=variances,
-                     vlb=-float(res.fun), iterations=int(res.nit), converged=bool(res.success),
-                     message=str(res.message), seconds=time.perf_counter() - t0)
+    vlb = -float(res.fun)
+    return MoGResult(model=final, state=None, vlb=vlb, iterations=len(rows) - 1,
+                     converged=bool(res.success and np.isfinite(vlb)), message=str(res.message),
+                     trace=np.asarray(rows, dtype=np.float64).reshape(-1, 2), engine="mog",
+                     evaluations=evaluations[0], hyperparameter_rounds=int(res.nit) if names else 0,
+                     seconds=time.perf_counter() - t0, input_dim=X.shape[1], extras={"components": K},
+                     X=X, means=means, variances=variances)

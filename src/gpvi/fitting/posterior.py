@@ -1,5 +1,7 @@
-"""The result of :func:`gpvi.fit`: :class:`FitResult`, the fitted Gaussian posterior with its
-predictions and how the fit obtained it."""
+"""The result of :func:`gpvi.fit`: :class:`FitResult`, the fitted posterior with its predictions
+and how the fit obtained it.  A Gaussian posterior is a ``FitResult``; the mixture posterior
+(``posterior="mog"``) is its subclass :class:`gpvi.fitting.mog.MoGResult`, with the same
+predictions, trace and model files."""
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +20,10 @@ __all__ = ["FitResult"]
 @dataclasses.dataclass
 class FitResult:
     """A fitted variational posterior and how it was obtained.
+
+    Every :func:`gpvi.fit` returns one: for ``posterior="mog"`` it is the subclass
+    :class:`gpvi.fitting.mog.MoGResult`, whose ``state`` is None (the posterior is its mixture
+    components) and whose predictions are those of the mixture.
 
     Attributes
     ----------
@@ -109,18 +115,31 @@ class FitResult:
 
     def predict_proba(self, X, offset=None):
         """Class probabilities: (N, 2) for Bernoulli (columns: negative, positive class),
-        (N, L) for ordinal levels 0..L−1."""
+        (N, L) for ordinal levels 0..L−1, (N, C) for Softmax."""
+        lik = self._proba_likelihood()
+        m, v = self.predict_f(X, offset)
+        return self._class_probabilities(lik, m, v)
+
+    def _proba_likelihood(self):
+        """The likelihood whose class probabilities :meth:`predict_proba` reports (a
+        :class:`~gpvi.MonteCarlo` likelihood's wrapped one), or a ``ValueError`` if it has none."""
         lik = self.model.likelihood
         if hasattr(lik, "predict_proba"):  # several classes (Softmax): (N, C)
-            m, v = self.predict_f(X, offset)
-            return np.asarray(likelihood_call(lik, "predict_proba", m, v))
+            return lik
         from gpvi.likelihoods.montecarlo import MonteCarlo
 
         if isinstance(lik, MonteCarlo):  # predictions are the wrapped likelihood's
             lik = lik.likelihood
         if not isinstance(lik, (Bernoulli, Ordinal)):
             raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
-        m, v = self.predict_f(X, offset)
+        return lik
+
+    @staticmethod
+    def _class_probabilities(lik, m, v):
+        """Class probabilities under ``lik`` (from :meth:`_proba_likelihood`) of latents with
+        means ``m`` and variances ``v``: one row per row of ``m``."""
+        if hasattr(lik, "predict_proba"):
+            return np.asarray(likelihood_call(lik, "predict_proba", m, v))
         if isinstance(lik, Bernoulli):
             p, _ = likelihood_call(lik, "predict_mean_and_var", m, v)
             p = np.asarray(p)

@@ -9,7 +9,7 @@ mean is √10 times larger.  For likelihoods whose curvature depends strongly on
 (logistic with a large kernel variance) that start is further from the new optimum.  The gain
 is modest: on magic04 (1 300 rows, sparse GP, M = 200, logistic, default classifier) the inner
 runs of the search took 598 fixed-point iterations in all with this map against 677 without
-(issue 19; most of the inner cost was the inner tolerance, see :func:`gpvi.fit`).
+(most of the inner cost was the inner tolerance, see :func:`gpvi.fit`).
 
 :func:`carry` instead maps the old state to the new coordinates so that ``q(u)`` over the
 inducing values (sparse GP), the training latents (full GP) or the weights (GLM) is

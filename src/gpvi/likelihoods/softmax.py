@@ -12,29 +12,15 @@ The Gaussian expectation ``E[log Σ_k e^{f_k}]`` is a fixed weighted sum over no
 its closed-form derivatives are those of the rule:
 
 - Q ≤ :data:`PRODUCT_MAX_CLASSES` (4) classes: product Gauss–Hermite (:func:`product_nodes`,
-  :func:`points_per_latent`: 20², 10³ or 5⁴ nodes by default), as before;
+  :func:`points_per_latent`: 20², 10³ or 5⁴ nodes by default);
 - more classes: :func:`qmc_nodes`, a fixed scrambled-Sobol point set mapped through the normal
   quantile, in antithetic pairs ``±z`` (exact for every odd moment, so for the linear term of
   log-sum-exp), with equal weights.  Its size does not depend on Q (1024 nodes by default), so the
   cost is linear in the number of classes, where the product rule's n^Q nodes (n ≥ 2) had only 2
   points per class from 7 classes on and ran out of memory well before 50 classes.
 
-Measured against a 10⁶-sample Monte Carlo reference (antithetic; Stein form E[π(1 − π)] for λ)
-on 12 rows with m ~ N(0, 2²) and v log-uniform on [0.01, 10] (``python
-tests/likelihoods/test_softmax_rules.py``), largest relative errors of E / ρ / λ (ρ, λ relative to each row's
-largest entry), default ``quadrature_points``:
-
-    Q = 4:  product 5⁴ (625 nodes)    4.0e-3 / 1.4e-2 / 7.0e-2   (the rule kept)
-    Q = 5:  product 3⁵ (243)          1.2e-2 / 4.6e-2 / 0.10;   QMC 1024: 2.3e-3 / 2.2e-3 / 0.13
-    Q = 6:  product 3⁶ (729)          9.8e-3 / 4.1e-2 / 0.12;   QMC 1024: 5.3e-4 / 6.2e-3 / 5.1e-2
-    Q = 10: product 2¹⁰ (1024)        5.8e-2 / 8.8e-2 / 0.29;   QMC 1024: 1.5e-3 / 3.0e-3 / 3.6e-2
-    Q = 50: product 2⁵⁰: MemoryError;                           QMC 1024: 8.0e-4 / 3.5e-3 / 4.7e-2
-
-Spherical–radial cubature was far worse at Q = 50 (E 0.67 with 2Q nodes, degree 3; 0.57 with
-2Q² + 1, degree 5, whose weights are also negative beyond Q = 4): its nodes lie √Q standard
-deviations out.  Whitening the QMC nodes (exact second moments) did not help measurably.  λ is
-the least accurate (λ_c = −Σ w π_c z_c / √v_c loses most for a class with small v_c among large
-ones); ``quadrature_points=40`` (2048 nodes) roughly halves its error.
+The accuracy of both rules against a Monte Carlo reference is measured in ``benchmarks/README.md``
+("Softmax expectation rules").
 
 Or by Monte Carlo when wrapped in :class:`gpvi.MonteCarlo`.
 """
