@@ -890,3 +890,24 @@ def test_quasipoisson_is_read_under_its_old_private_name():
     assert_same_component(gpvi.io.decode(spec, {}), L.QuasiPoisson())
     assert gpvi.io.encode(L.QuasiPoisson(), {}, "lik") == {"class": "QuasiPoisson",
                                                              "fields": {"quadrature_points": {"value": 20}}}
+
+
+def test_class_probabilities_of_label_likelihoods():
+    """``class_probabilities`` (what ``FitResult.predict_proba`` reports): rows sum to 1, the
+    Bernoulli column is E[σ(f)] by adaptive quadrature, a Monte Carlo wrapper reports its wrapped
+    likelihood's, and a likelihood without labels refuses."""
+    m, v = np.array([-1.0, 0.3, 2.0]), np.array([0.5, 1.0, 3.0])
+    p = call(L.Bernoulli(), "class_probabilities", m, v)
+    ref = [integrate.quad(lambda z: special.expit(mi + np.sqrt(vi) * z) * stats.norm.pdf(z), -12, 12)[0]
+           for mi, vi in zip(m, v)]
+    np.testing.assert_allclose(p[:, 1], ref, rtol=1e-6)
+    np.testing.assert_allclose(p.sum(axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(call(L.MonteCarlo(L.Bernoulli()), "class_probabilities", m, v), p)
+    q = call(L.Ordinal(edges=EDGES, shape=SHAPE), "class_probabilities", m, v)
+    assert q.shape == (3, len(EDGES) + 1)
+    np.testing.assert_allclose(q.sum(axis=1), 1.0, rtol=1e-10)
+    ms, vs = np.array([[0.0, 1.0, -1.0]]), np.array([[0.2, 0.5, 1.0]])
+    np.testing.assert_allclose(call(L.Softmax(num_classes=3), "class_probabilities", ms, vs).sum(axis=1), 1.0,
+                               rtol=1e-10)
+    with pytest.raises(ValueError, match="class labels"):
+        L.Gaussian(variance=1.0).class_probabilities(jnp.asarray(m), jnp.asarray(v))

@@ -226,9 +226,8 @@ class MoGResult(FitResult):
     def predict_proba(self, X, offset=None):
         """Class probabilities under the mixture (the components' averaged), with the columns of
         :meth:`FitResult.predict_proba <gpvi.fitting.posterior.FitResult.predict_proba>`."""
-        lik = self._proba_likelihood()
         m, v, K = self._flat(X, offset)
-        p = self._class_probabilities(lik, m, v)
+        p = self._class_probabilities(m, v)
         return p.reshape((K, -1) + p.shape[1:]).mean(0)
 
     def log_predictive_density(self, X, y, offset=None):

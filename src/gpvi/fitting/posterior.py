@@ -10,7 +10,6 @@ import numpy as np
 
 from gpvi.fitting.predict import latent_moments, likelihood_call
 from gpvi.fitting.problem import check_offset
-from gpvi.likelihoods import Bernoulli, Ordinal
 from gpvi.models.base import Model, check_X
 from gpvi.objective import DEFAULT_CHUNK, State
 
@@ -116,35 +115,13 @@ class FitResult:
     def predict_proba(self, X, offset=None):
         """Class probabilities: (N, 2) for Bernoulli (columns: negative, positive class),
         (N, L) for ordinal levels 0..L−1, (N, C) for Softmax."""
-        lik = self._proba_likelihood()
         m, v = self.predict_f(X, offset)
-        return self._class_probabilities(lik, m, v)
+        return self._class_probabilities(m, v)
 
-    def _proba_likelihood(self):
-        """The likelihood whose class probabilities :meth:`predict_proba` reports (a
-        :class:`~gpvi.MonteCarlo` likelihood's wrapped one), or a ``ValueError`` if it has none."""
-        lik = self.model.likelihood
-        if hasattr(lik, "predict_proba"):  # several classes (Softmax): (N, C)
-            return lik
-        from gpvi.likelihoods.montecarlo import MonteCarlo
-
-        if isinstance(lik, MonteCarlo):  # predictions are the wrapped likelihood's
-            lik = lik.likelihood
-        if not isinstance(lik, (Bernoulli, Ordinal)):
-            raise ValueError(f"predict_proba needs a Bernoulli or Ordinal likelihood, not {type(lik).__name__}")
-        return lik
-
-    @staticmethod
-    def _class_probabilities(lik, m, v):
-        """Class probabilities under ``lik`` (from :meth:`_proba_likelihood`) of latents with
-        means ``m`` and variances ``v``: one row per row of ``m``."""
-        if hasattr(lik, "predict_proba"):
-            return np.asarray(likelihood_call(lik, "predict_proba", m, v))
-        if isinstance(lik, Bernoulli):
-            p, _ = likelihood_call(lik, "predict_mean_and_var", m, v)
-            p = np.asarray(p)
-            return np.stack([1.0 - p, p], axis=1)
-        return np.asarray(likelihood_call(lik, "level_probabilities", m, v))
+    def _class_probabilities(self, m, v):
+        """Class probabilities under the model's likelihood (its ``class_probabilities``) of
+        latents with means ``m`` and variances ``v``: one row per row of ``m``."""
+        return np.asarray(likelihood_call(self.model.likelihood, "class_probabilities", m, v))
 
     def log_predictive_density(self, X, y, offset=None):
         """Per-point ``log p(y* | data)`` at inputs ``X``: an (N,) array."""

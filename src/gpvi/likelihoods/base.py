@@ -172,6 +172,13 @@ class Likelihood(Module):
         second = expect(lambda f: self.conditional_variance(f) + self.conditional_mean(f) ** 2, m, v, n)
         return mean, jnp.maximum(second - mean**2, 0.0)
 
+    def class_probabilities(self, m, v):
+        """Predictive probability of each class (label) under ``f ~ N(m, v)``: one row per row
+        of ``m``.  Likelihoods of labels (Bernoulli, Ordinal, Softmax) define it; for any other
+        a ``ValueError``."""
+        raise ValueError(f"predict_proba needs a likelihood of class labels (Bernoulli, Ordinal or Softmax), "
+                         f"not {type(self).__name__}")
+
     def predictive_log_density(self, y, m, v):
         """``log ∫ p(y|f) N(f|m, v) df`` elementwise (Gauss–Hermite in log space)."""
         z, w = gauss_hermite(self.quadrature_points)

@@ -172,6 +172,9 @@ class MonteCarlo(Likelihood):
     def predict_mean_and_var(self, m, v):
         return self.likelihood.predict_mean_and_var(m, v)
 
+    def class_probabilities(self, m, v):
+        return self.likelihood.class_probabilities(m, v)
+
     def predictive_log_density(self, y, m, v):
         return self.likelihood.predictive_log_density(y, m, v)
 

@@ -119,6 +119,11 @@ class Bernoulli(Likelihood):
         p = self._cdf(f)
         return p * (1.0 - p)
 
+    def class_probabilities(self, m, v):
+        """(N, 2): the negative class, then the positive one."""
+        p, _ = self.predict_mean_and_var(m, v)
+        return jnp.stack([1.0 - p, p], axis=1)
+
     def predict_mean_and_var(self, m, v):
         if self.link == "probit":
             p = ndtr(m / jnp.sqrt(1.0 + v))  # exact for the probit link
@@ -244,6 +249,10 @@ class Ordinal(Likelihood):
         levels = jnp.arange(self.num_levels, dtype=m.dtype)
         lp = jax.vmap(lambda j: self.predictive_log_density(jnp.full_like(m, j), m, v))(levels)
         return jnp.exp(lp).T
+
+    def class_probabilities(self, m, v):
+        """(N, L): the levels' probabilities (:meth:`level_probabilities`)."""
+        return self.level_probabilities(m, v)
 
     def predict_mean_and_var(self, m, v):
         p = self.level_probabilities(m, v)

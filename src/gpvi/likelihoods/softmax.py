@@ -278,6 +278,10 @@ class Softmax(Likelihood):
         _, W = self._nodes()
         return jnp.einsum("npc,p->nc", jax.nn.softmax(self._latents(m, v), axis=-1), W)
 
+    def class_probabilities(self, m, v):
+        """(n, C): :meth:`predict_proba`."""
+        return self.predict_proba(m, v)
+
     def predict_mean_and_var(self, m, v):
         p = self.predict_proba(m, v)
         return p, p * (1.0 - p)
