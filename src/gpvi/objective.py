@@ -75,7 +75,7 @@ class Chunks(NamedTuple):
 
 def prior_state(d: int, num_latents: int | None = None) -> State:
     """The prior ``N(0, I)`` as a state (the default starting point); with ``num_latents = Q``
-    (a model with latent blocks, :mod:`gpvi.multilatent`) a batch of Q blocks, mean (Q, d) and
+    (a model with latent blocks, :mod:`gpvi.models.multilatent`) a batch of Q blocks, mean (Q, d) and
     chol (Q, d, d)."""
     # built in NumPy and transferred: jnp.zeros/jnp.eye would each compile for every new d
     if num_latents is None:
@@ -84,7 +84,7 @@ def prior_state(d: int, num_latents: int | None = None) -> State:
 
 
 # ---- several latent functions --------------------------------------------------------------
-# A state whose mean is (Q, d) holds Q independent latent blocks (gpvi.multilatent): every
+# A state whose mean is (Q, d) holds Q independent latent blocks (gpvi.models.multilatent): every
 # per-latent operation below is the single-latent one mapped over the leading axis with
 # map_latents (block by block, never a batched LAPACK call: see gpvi._batching), chosen at trace
 # time from the static number of dimensions, so a single-latent model runs exactly the program
@@ -366,7 +366,7 @@ def data_pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, c
 
     Partial sums over disjoint sets of chunks add up (:func:`add_partials`) to the sums over
     their union; :func:`finish_sums` turns the total into :class:`Sums`.  This is the unit of
-    work every executor of the data pass maps over the data (see :mod:`gpvi.executors`).
+    work every executor of the data pass maps over the data (see :mod:`gpvi.data.executors`).
 
     Where the projections are recomputed and the model is factored (``At = T F``, the sparse
     GP with ``T = L⁻¹``), the pass never forms ``T F``: it sums ``Σ ρ_i f_i`` and
@@ -605,7 +605,7 @@ def bucketable(model) -> bool:
     """Whether ``model``'s data sums are taken over rows padded to a size bucket
     (:func:`gpvi._compile.bucket`): the sparse GP and the GLM, whose weights do not depend on
     N.  (A full GP has one weight per row: padding would change its prior; see
-    :mod:`gpvi.collapsed` for the Gaussian case, where padding is exact.)"""
+    :mod:`gpvi.fitting.collapsed` for the Gaussian case, where padding is exact.)"""
     return type(model) in (SparseGP, GLM)
 
 

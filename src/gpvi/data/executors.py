@@ -2,7 +2,7 @@
 
 Every batch engine needs from the data only the three sums of :mod:`gpvi.objective` per pass
 (and, when hyperparameters are learned, ``Σ E_i`` with its gradient in them).  These sums
-decompose over blocks of rows, so a pass is a *map* — each block of a :class:`~gpvi.sources.Source`
+decompose over blocks of rows, so a pass is a *map* — each block of a :class:`~gpvi.data.sources.Source`
 to its partial sums — followed by a *combine*, :func:`gpvi.objective.add_partials`, which adds
 the parts pairwise in a tree fixed by the number of blocks alone.  The result therefore does not
 depend on the number of workers or the order in which they finish.
@@ -349,7 +349,7 @@ def resolve_executor(executor):
         return DaskExecutor(executor)
     raise ValueError("executor must be None, 'local' (in this process), 'devices' (every JAX device), "
                      "a dask.distributed Client, "
-                     f"or a gpvi.executors executor; got {executor!r}")
+                     f"or a gpvi.data.executors executor; got {executor!r}")
 
 
 @jax.jit
@@ -365,7 +365,7 @@ _finish = jax.jit(finish_sums, static_argnames=("blocks", "want_hessian"))
 
 class BlockObjective(Objective):
     """An :class:`~gpvi.objective.Objective` whose data pass runs block by block over a
-    :class:`~gpvi.sources.Source` on an executor (see the module docstring).
+    :class:`~gpvi.data.sources.Source` on an executor (see the module docstring).
 
     ``prior_X``: the inputs the model's prior needs (all training inputs for a full GP, unused
     otherwise).  Per-row engines (``dual``, ``laplace``) need the rows in memory and do not run on

@@ -3,7 +3,7 @@
 A *source* hands out the training rows ``(X, y, offset)`` as numbered *blocks* of consecutive
 rows, each read on its own (:meth:`Source.read_block`), so that a data pass never needs more
 than a block of the data in memory and a block can be read by whichever process computes its
-partial sums (see :mod:`gpvi.executors`).
+partial sums (see :mod:`gpvi.data.executors`).
 
 - :class:`ArraySource` — in-memory arrays (the default path of :func:`gpvi.fit`).
 - :class:`NpySource` — ``.npy`` files opened as memory maps; pages are read as blocks need them.

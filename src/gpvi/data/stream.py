@@ -254,9 +254,9 @@ def _permuted(n, rng):
 
 
 class SourceStream(Stream):
-    """Minibatches from a random-access :class:`gpvi.sources.Source` (``.npy`` memory maps,
+    """Minibatches from a random-access :class:`gpvi.data.sources.Source` (``.npy`` memory maps,
     Parquet row groups, arrays): the source's blocks in a random order each epoch, rows shuffled
-    within the buffer.  The batch executors of :mod:`gpvi.executors` read the same sources."""
+    within the buffer.  The batch executors of :mod:`gpvi.data.executors` read the same sources."""
 
     def __init__(self, source, *, buffer_rows=DEFAULT_BUFFER_ROWS):
         self.source = source

@@ -122,7 +122,7 @@ def _clean_gap(gap):
 
 @jax.jit
 def estimated_gap(state: State, grad, S, trSV=None):
-    if grad.ndim == 2:  # Q latent blocks (gpvi.multilatent): the gaps of the blocks add up
+    if grad.ndim == 2:  # Q latent blocks (gpvi.models.multilatent): the gaps of the blocks add up
         gaps, RH = map_latents(_estimated_gap, state, grad, S, trSV)
         return jnp.sum(gaps), RH
     return _estimated_gap(state, grad, S, trSV)

@@ -23,7 +23,7 @@ from gpvi.engines.registry import Engine
 from gpvi.engines._common import Clock, EngineResult, estimated_gap, final_gap, gap_threshold
 
 
-# A state of Q latent blocks (mean (Q, d), gpvi.multilatent) is packed block after block; the
+# A state of Q latent blocks (mean (Q, d), gpvi.models.multilatent) is packed block after block; the
 # single-latent layout is unchanged.  ``shape`` is the mean's shape.
 
 

@@ -1,7 +1,7 @@
 """vi-JJ, vi-Taylor, vi-JJ-hybrid and vi-JJ-full (Izmailov & Kropotov 2017, §4) for
 Bernoulli(logit) models.
 
-The expected log-likelihood is replaced by a quadratic surrogate (:mod:`gpvi.surrogates`: the
+The expected log-likelihood is replaced by a quadratic surrogate (:mod:`gpvi.likelihoods.surrogates`: the
 Jaakkola–Jordan bound or a Taylor expansion) with one parameter ξ_i per observation.  For fixed
 ξ the surrogate bound is quadratic in ``q(w) = N(m, V)``, so its maximiser over ``q`` is
 closed-form (Eqs. 12–13, 16–17), and maximising over ``q`` leaves the *collapsed* bound
@@ -133,7 +133,7 @@ def marginals(objective: Objective, state: State):
 
 
 def analytic_xi(objective: Objective, state: State, kind: str):
-    """The analytic ξ (C, n) of every row for ``state`` (see :func:`gpvi.surrogates.optimal_xi`)."""
+    """The analytic ξ (C, n) of every row for ``state`` (see :func:`gpvi.likelihoods.surrogates.optimal_xi`)."""
     m, v = marginals(objective, state)
     return optimal_xi(kind, m, v)
 

@@ -34,7 +34,7 @@ def register(cls):
 
 # Names that files written by an earlier gpvi give to classes since renamed: old name → current
 # name.  Read only (a file is always written with the current name).
-_RENAMED = {"_QuasiPoisson": "QuasiPoisson"}  # gpvi.estimators' private class, now gpvi.likelihoods'
+_RENAMED = {"_QuasiPoisson": "QuasiPoisson"}  # gpvi.sklearn.estimators' private class, now gpvi.likelihoods'
 
 
 def known_classes():
@@ -175,7 +175,7 @@ def fit_result_from_arrays(meta, arrays, prefix="fit"):
         real_array(value, f"parameter {name}")
     mean = real_array(arrays[f"{prefix}.state.mean"], "state.mean")
     chol = real_array(arrays[f"{prefix}.state.chol"], "state.chol")
-    Q = getattr(model, "num_latents", None)  # Q latent blocks (gpvi.multilatent): (Q, d), (Q, d, d)
+    Q = getattr(model, "num_latents", None)  # Q latent blocks (gpvi.models.multilatent): (Q, d), (Q, d, d)
     lead = () if Q is None else (Q,)
     d = mean.shape[-1] if mean.ndim == 1 + len(lead) and mean.shape[:-1] == lead else 0
     if d < 1 or chol.shape != lead + (d, d) or np.any(np.triu(chol, 1)):

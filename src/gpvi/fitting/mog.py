@@ -15,7 +15,7 @@ so each observation's marginal under component k is ``N(m_ki, s_ki)`` and the bo
     E_q[log p(f)] = −1/(2K) Σ_k [N log 2π + log|K| + (m_k−μ)ᵀK⁻¹(m_k−μ) + Σ_i s_ki (K⁻¹)_ii],
     H_lb = −(1/K) Σ_k log[(1/K) Σ_l N(m_k | m_l, diag(s_k + s_l))]  ≤  H[q]   (Jensen).
 
-With Q latent functions (a :class:`~gpvi.multilatent.MultiLatent` of full GPs) each component is
+With Q latent functions (a :class:`~gpvi.models.multilatent.MultiLatent` of full GPs) each component is
 a diagonal Gaussian over all Q·N latent values, ``f_i = (f_i1, …, f_iQ)`` has the marginal
 ``N(m_ki, diag s_ki)`` under component k, the cross-entropy is the sum over latents of the term
 above (each with its own K_q and μ_q), and the entropy bound runs over all Q·N dimensions.
@@ -96,7 +96,7 @@ def _check_components(K):
 
 def latent_gps(model) -> list:
     """The full GPs of the latent functions: ``[model]`` for a GP, ``model.latents`` for a
-    :class:`~gpvi.multilatent.MultiLatent` of full GPs; a ``ValueError`` otherwise."""
+    :class:`~gpvi.models.multilatent.MultiLatent` of full GPs; a ``ValueError`` otherwise."""
     from gpvi.models.multilatent import MultiLatent
 
     if isinstance(model, MultiLatent):
@@ -247,7 +247,7 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
             tol: float = 1e-9, seed: int = 0, init_spread: float = 0.1, callback=None,
             progress: bool = False) -> MoGResult:
     """Fit ``q(f) = (1/K) Σ_k N(m_k, diag s_k)`` (``components = K``; MIX is K = 1, MIX2 K = 2) to
-    a full GP ``model``, or a :class:`~gpvi.multilatent.MultiLatent` of full GPs, by L-BFGS-B on
+    a full GP ``model``, or a :class:`~gpvi.models.multilatent.MultiLatent` of full GPs, by L-BFGS-B on
     the bound (see the module docstring); ``gpvi.fit(..., posterior="mog")`` calls this.
 
     ``learn_hyperparameters``: False, True (all of :func:`gpvi.learnable_parameters`), one dotted

@@ -94,7 +94,7 @@ def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol,
         source, X, y = block_source(X, y, model, offset, exposure, subset, init, eng, seed)
     X = check_X(X, "X")
     if y is None:
-        raise ValueError("y is required (it may be None only when X is a gpvi.sources Source)")
+        raise ValueError("y is required (it may be None only when X is a gpvi.data.sources Source)")
     y = as_array(y, "y")
     if y.ndim != 1:
         raise ValueError(f"y must be a 1-D array of observations, got shape {y.shape}")
@@ -246,7 +246,7 @@ def block_source(X, y, model, offset, exposure, subset, init, engine, seed):
         raise ValueError("subset is not supported with a source or an executor: write the subset to its own file")
     if isinstance(X, Source):
         if y is not None:
-            raise ValueError("y must be None when X is a gpvi.sources Source (the source holds the targets)")
+            raise ValueError("y must be None when X is a gpvi.data.sources Source (the source holds the targets)")
         if offset is not None or exposure is not None:
             raise ValueError("offset/exposure must be columns of the source when X is a Source")
         source = X

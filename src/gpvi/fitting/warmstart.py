@@ -15,7 +15,7 @@ runs of the search took 598 fixed-point iterations in all with this map against 
 inducing values (sparse GP), the training latents (full GP) or the weights (GLM) is
 unchanged: with ``T = L_new⁻¹ L_old`` (lower triangular),
 ``m ← T m + L_new⁻¹ (μ_old − μ_new)`` and ``chol V ← T chol V``; for a
-:class:`~gpvi.multilatent.MultiLatent`, latent by latent.
+:class:`~gpvi.models.multilatent.MultiLatent`, latent by latent.
 """
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ class Likelihood(Module):
         curvature that couples the latents' means (see :func:`gpvi.objective._coupled_direction`).
 
         By automatic differentiation of :meth:`expected_log_prob` unless a subclass gives closed
-        forms (:class:`gpvi.softmax.Softmax`)."""
+        forms (:class:`gpvi.likelihoods.softmax.Softmax`)."""
         E, rho, lam = self.variational_moments(y, m, v)
         return E, rho, lam, mean_hessians_by_autodiff(self, y, m, v)
 

@@ -1,7 +1,7 @@
 """Likelihoods with several latent values per row, and the softmax (multiclass) likelihood.
 
 A likelihood with ``num_latents = Q > 1`` sees, per row, the Q latent values
-``f_i = (f_i1, …, f_iQ)``; under the factorised posterior of :class:`gpvi.multilatent.MultiLatent`
+``f_i = (f_i1, …, f_iQ)``; under the factorised posterior of :class:`gpvi.models.multilatent.MultiLatent`
 their marginal is ``N(m_i, diag(v_i))``.  Its methods take ``m, v`` of shape (n, Q) and
 :meth:`~gpvi.likelihoods.Likelihood.variational_moments` returns ``E`` (n,) and ``ρ, λ`` (n, Q),
 ``ρ_iq = ∂E_i/∂m_iq`` and ``λ_iq = 2 ∂E_i/∂v_iq`` — per latent, which is all a factorised q

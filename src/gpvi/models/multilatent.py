@@ -1,6 +1,6 @@
 """Models with several latent functions (Nguyen & Bonilla 2014, §2–3): Q latent GPs, each with its
 own kernel, mean and (sparse) inducing inputs, and a likelihood that takes the Q latent values of
-each row (e.g. :class:`gpvi.softmax.Softmax`, Q = C).
+each row (e.g. :class:`gpvi.likelihoods.softmax.Softmax`, Q = C).
 
 The posterior is factorised over latents, ``q(w) = Π_q N(w_q | m_q, V_q)`` (the paper's FULL
 with Q blocks), so the variational state is a batch of Q single-latent states,

@@ -271,7 +271,7 @@ class _GPEstimator(BaseEstimator):
         The first call (on an unfitted estimator) is :meth:`fit` on that batch with a sparse GP
         (its standardisation, labels, inducing inputs and learned hyperparameters are then kept).
         Every later call, or a call after :meth:`fit`, updates the posterior over the inducing
-        values by the new rows with the hyperparameters fixed (:func:`gpvi.streaming.update`:
+        values by the new rows with the hyperparameters fixed (:func:`gpvi.fitting.stream.update`:
         assumed-density steps; exact for Gaussian noise); a full GP fitted by :meth:`fit` first
         becomes the sparse GP with its training inputs as inducing inputs (the same posterior).
         ``exposure`` is for :class:`GPCountRegressor` only.
@@ -287,7 +287,7 @@ class _GPEstimator(BaseEstimator):
             raise ValueError(f"y must have one entry per row of X ({X.shape[0]}), got shape {y.shape}")
         offset = _log_exposure(exposure, X.shape[0])
         if isinstance(self.fit_result_.model, MultiLatent):
-            # gpvi.streaming.update's assumed-density steps are single-latent; the softmax couples
+            # gpvi.fitting.stream.update's assumed-density steps are single-latent; the softmax couples
             # the class latents, so there is no per-latent online update yet.
             raise NotImplementedError("partial_fit after a multiclass (softmax) fit is not supported yet: refit "
                                       "with fit(), or use two classes")
@@ -441,7 +441,7 @@ _FITTED_DOC = """
     n_iter_ : int, engine iterations of the final run (counted as 1 when a warm-started final
         run after hyperparameter learning stops at once)
     n_damped_steps_ : int, damped (VLB-lowering, rejected) fixed-point steps over the whole fit,
-        hyperparameter search included; a :class:`gpvi.damping.DampingWarning` is raised when
+        hyperparameter search included; a :class:`gpvi.sklearn.damping.DampingWarning` is raised when
         they were at least 25 % of the passes over the data (and at least 50)
     model_kind_ : "full" or "sparse"
     n_features_in_, feature_names_in_ : number and (for DataFrames) names of the input columns
@@ -511,7 +511,7 @@ class GPClassifier(ClassifierMixin, _LabelEstimator):
 
     Two classes: a Bernoulli likelihood with a logit or probit link on a latent GP; the prior
     mean starts at the link of the base rate of the second class.  C > 2 classes: the softmax
-    likelihood on C latent GPs (:class:`gpvi.softmax.Softmax`, Nguyen & Bonilla 2014), each
+    likelihood on C latent GPs (:class:`gpvi.likelihoods.softmax.Softmax`, Nguyen & Bonilla 2014), each
     with its own kernel (``kernel`` may be a list of C kernels; one kernel is used for every
     class), hyperparameters and prior mean (started at the log base rate of its class); engines
     ``"fpi"`` or ``"gradient"``.
@@ -772,7 +772,7 @@ class GPRegressor(_ValueEstimator):
     noise : {"gaussian", "laplace", "studentt", "warped"}, default "gaussian"
         ``"warped"``: Gaussian noise on ``t(y)``, a monotone tanh-sum warping of the
         (standardised) targets with three terms, learned with the other hyperparameters
-        (:class:`gpvi.warped.Warped`); predictions are in the original units.
+        (:class:`gpvi.likelihoods.warped.Warped`); predictions are in the original units.
     noise_scale : float, default 0.1
         Starting value (the fixed value when not learned) of the noise standard deviation
         (Gaussian) or scale (Laplace, Student-t), in units of the standardised targets when
