@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import gpvi  # noqa: E402
 from gpvi import likelihoods as L  # noqa: E402
-from test_engines import _jittered, _problem, _regression_data, _titsias_bound  # noqa: E402
+from problems import jittered as _jittered, problem as _problem, regression_data as _regression_data, titsias_bound as _titsias_bound  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ENGINES = ("fpi", "fpb", "gradient", "dual", "laplace")

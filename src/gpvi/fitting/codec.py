@@ -160,19 +160,8 @@ def fit_result_from_arrays(meta, arrays, prefix="fit"):
     prior cache fit the model.  Raises ``ValueError`` (or ``KeyError``, ``TypeError``) if not.
     """
 
-    scalars = meta["scalars"]
-    if not isinstance(scalars, dict) or set(scalars) != set(_SCALARS):
-        raise ValueError(f"scalars must have the fields {sorted(_SCALARS)}, got {short(scalars)}")
-    for k, v in scalars.items():
-        if not _valid_scalar(k, v):
-            raise ValueError(f"scalars.{k} = {short(v)} is not a valid {k}")
-    model = decode(meta["model"], arrays)
-    if not isinstance(model, models.Model):
-        raise ValueError(f"the model is a {type(model).__name__}, not a gpvi model")
-    if not isinstance(getattr(model, "likelihood", None), likelihoods.Likelihood):
-        raise ValueError(f"the model {type(model).__name__} has no likelihood")
-    for name, value in model.parameters().items():
-        real_array(value, f"parameter {name}")
+    scalars = _checked_scalars(meta, _SCALARS)
+    model = _checked_model(meta, arrays)
     mean = real_array(arrays[f"{prefix}.state.mean"], "state.mean")
     chol = real_array(arrays[f"{prefix}.state.chol"], "state.chol")
     Q = getattr(model, "num_latents", None)  # Q latent blocks (gpvi.models.multilatent): (Q, d), (Q, d, d)
@@ -223,23 +212,12 @@ def mog_result_from_arrays(meta, arrays, prefix="mog"):
     ``components`` of ``extras``; that the trace is (rows, 2).  Raises ``ValueError`` (or
     ``KeyError``, ``TypeError``) if not.
     """
-    scalars = meta["scalars"]
-    if not isinstance(scalars, dict) or set(scalars) != set(_MOG_SCALARS):
-        raise ValueError(f"scalars must have the fields {sorted(_MOG_SCALARS)}, got {short(scalars)}")
-    for k, v in scalars.items():
-        if not _valid_scalar(k, v):
-            raise ValueError(f"scalars.{k} = {short(v)} is not a valid {k}")
+    scalars = _checked_scalars(meta, _MOG_SCALARS)
     extras = meta["extras"]
     K = extras.get("components") if isinstance(extras, dict) else None
     if type(K) is not int or K < 1:
         raise ValueError(f"extras must name the number of components, got {short(extras)}")
-    model = decode(meta["model"], arrays)
-    if not isinstance(model, models.Model):
-        raise ValueError(f"the model is a {type(model).__name__}, not a gpvi model")
-    if not isinstance(getattr(model, "likelihood", None), likelihoods.Likelihood):
-        raise ValueError(f"the model {type(model).__name__} has no likelihood")
-    for name, value in model.parameters().items():
-        real_array(value, f"parameter {name}")
+    model = _checked_model(meta, arrays)
     lats = latent_gps(model)  # a ValueError unless full GPs
     D = scalars["input_dim"]
     X = real_array(arrays[f"{prefix}.X"], "X")
@@ -314,3 +292,26 @@ def real_array(a, name: str, finite: bool = True) -> np.ndarray:
     if finite and not np.all(np.isfinite(arr)):
         raise ValueError(f"{name} holds NaN or infinite values")
     return arr
+
+
+def _checked_scalars(meta, fields) -> dict:
+    """``meta["scalars"]`` if it has exactly ``fields``, each valid; a ``ValueError`` otherwise."""
+    scalars = meta["scalars"]
+    if not isinstance(scalars, dict) or set(scalars) != set(fields):
+        raise ValueError(f"scalars must have the fields {sorted(fields)}, got {short(scalars)}")
+    for k, v in scalars.items():
+        if not _valid_scalar(k, v):
+            raise ValueError(f"scalars.{k} = {short(v)} is not a valid {k}")
+    return scalars
+
+
+def _checked_model(meta, arrays):
+    """The stored model, a gpvi model with a likelihood and real parameters; a ``ValueError`` otherwise."""
+    model = decode(meta["model"], arrays)
+    if not isinstance(model, models.Model):
+        raise ValueError(f"the model is a {type(model).__name__}, not a gpvi model")
+    if not isinstance(getattr(model, "likelihood", None), likelihoods.Likelihood):
+        raise ValueError(f"the model {type(model).__name__} has no likelihood")
+    for name, value in model.parameters().items():
+        real_array(value, f"parameter {name}")
+    return model
