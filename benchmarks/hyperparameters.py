@@ -15,10 +15,10 @@ sparse methods on all training rows.
 
 Data: one set per task, as in the paper's Figure 4: abalone (counts), USPS 3 vs 5 (binary),
 stocks (ordinal, 5 levels).  ``--quick``: abalone counts, musk and stocks subsampled to 300 rows,
-size 40, 2 folds, at most 5 L-BFGS-B iterations per fit.
+size 40, 2 folds, at most 3 L-BFGS-B iterations per fit.
 
 Full run: sizes {25, 50, 100}, 2 folds (fewer than the learning curves: every fit runs its engine
-many times).  Each fit may use ``--budget`` CPU seconds (20; 5 in ``--quick``) before it is stopped
+many times).  Each fit may use ``--budget`` CPU seconds (20; 3 in ``--quick``) before it is stopped
 and recorded as a failure ("budget exceeded").  ``--from-json FILE`` redoes the report from an
 earlier run's JSON.  Writes ``results/hyperparameters[_quick].{json,png,md}``.
 """
