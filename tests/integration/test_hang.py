@@ -26,10 +26,17 @@ from gpvi import _watchdog
 _SRC = str(Path(gpvi.__file__).resolve().parents[1])
 
 
+# A child inherits an ignored SIGINT from the process that starts it (in the full suite some
+# xdist workers had SIGINT ignored by the time these tests ran), and the watchdog is off by design
+# in a process that ignores SIGINT (a background job: interrupting it would kill it).  The children
+# here stand for a foreground program, so they handle SIGINT as Python does by default.
+_FOREGROUND = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+
+
 def _run(script: str, timeout: float, env: dict | None = None, cwd=None):
     full_env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _SRC, **(env or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd)
+    return subprocess.run([sys.executable, "-c", _FOREGROUND + textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=timeout, env=full_env, cwd=cwd)
 
 
 # ---- the cure: no batched LAPACK call in any program of a multi-latent fit --------------------
