@@ -50,6 +50,16 @@ def _bounded_jit_caches():
             gc.collect()
 
 
+def pytest_collection_modifyitems(config, items):
+    """Run the slow tests first (a stable sort: their order among themselves is kept).
+
+    With two xdist workers, a long test that starts last leaves one core idle until it ends: in
+    collection order the hang and interrupt tests (minutes each, under tests/integration) came
+    near the end of the suite.  Starting the long ones first, with tests handed out one or two at
+    a time (``--maxschedchunk=1`` in pyproject's addopts), lets the short ones fill the gaps."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(20261121)
