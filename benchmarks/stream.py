@@ -240,7 +240,18 @@ def main(argv=None):
 
     C.warn_if_busy()
     log = C.progress_logger(time.perf_counter())
-    workdir = a.workdir or tempfile.mkdtemp(prefix="gpvi-stream-")
+    if a.child or a.workdir:
+        return _main(a, log, a.workdir)
+    import shutil
+
+    workdir = tempfile.mkdtemp(prefix="gpvi-stream-")  # the Parquet files of every child: removed at the end
+    try:
+        return _main(a, log, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _main(a, log, workdir):
     if a.child:
         # one likelihood in its own process, so its peak RSS is its own (ru_maxrss never drops)
         print(MARK + json.dumps(C._jsonable(run_one(a.child, a, workdir, log))), flush=True)

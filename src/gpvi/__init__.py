@@ -15,7 +15,7 @@ from gpvi._compile import enable_persistent_cache  # noqa: E402
 # a new process loads instead of compiling (see gpvi._compile; clear_compilation_cache() empties it).
 enable_persistent_cache()
 
-from gpvi import diagnostics, engines, io, kernels, metrics
+from gpvi import diagnostics, engines, io, kernels, metrics, priors
 from gpvi import likelihoods  # noqa: E402
 from gpvi._module import Module, param, static  # noqa: E402
 from gpvi._watchdog import HangError, set_watchdog  # noqa: E402
@@ -52,7 +52,7 @@ def __getattr__(name):
 
 __all__ = [
     "GLM", "GP", "SparseGP", "Model", "fit", "FitResult", "State", "Objective", "prior_state",
-    "kernels", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
+    "kernels", "priors", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
     "static", "io", "diagnostics", "stream", "fit_stream", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
     "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess", "multilatent", "MultiLatent",
     "softmax", "Softmax", "HangError", "set_watchdog", "clear_compilation_cache",

@@ -110,3 +110,16 @@ def test_non_gaussian_and_laplace_keep_the_profile_search(rng):
     assert collapsed.applies(_models(X)["gp"], "gradient")
     with pytest.raises(ValueError, match="Gaussian likelihood"):
         collapsed.collapsed_bound(gpvi.GP(gpvi.kernels.RBF(), L.Poisson()), X, np.ones(30))
+
+
+def test_collapsed_bound_refuses_bad_targets_with_one_error():
+    """Issue 30 §2: y shorter than X gave a raw broadcasting TypeError and NaN in y a NaN bound."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 1))
+    model = gpvi.GP(gpvi.kernels.RBF(), gpvi.likelihoods.Gaussian())
+    with pytest.raises(ValueError, match="30 rows but y has 10"):
+        collapsed.collapsed_bound(model, X, np.zeros(10))
+    with pytest.raises(ValueError, match="NaN"):
+        collapsed.collapsed_bound(model, X, np.r_[np.nan, np.zeros(29)])
+    with pytest.raises(ValueError, match="offset"):
+        collapsed.collapsed_bound(model, X, np.zeros(30), offset=np.zeros(7))

@@ -114,3 +114,13 @@ def test_public_api_as_documented(rng):
     assert np.array_equal(np.asarray(fits[0].model.inducing), Z)  # used exactly as given
     with pytest.raises(TypeError):
         gpvi.GP(kernel, lik, 0.0)  # the mean is keyword-only
+
+
+@pytest.mark.parametrize("components", [3, 0, 2.0, True])
+def test_components_without_the_mixture_posterior_is_refused(components):
+    """Issue 30 §2: ``components=3`` with the default Gaussian posterior was silently ignored."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20, 1))
+    y = (X[:, 0] > 0).astype(int)
+    with pytest.raises(ValueError, match="only with posterior='mog'"):
+        gpvi.fit(gpvi.GP(gpvi.kernels.RBF(), gpvi.likelihoods.Bernoulli()), X, y, components=components)

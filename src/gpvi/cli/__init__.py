@@ -488,15 +488,17 @@ def cmd_fit(args) -> int:
         offset = (offset if offset is not None else 0.0) + np.full(N, latent_offset)
 
     learn = (_defaults.learned_parameters(model) or False) if args.learn else False
+    hyperprior = _defaults.hyperprior(args.hyperprior, model, likelihood, D, engine=args.engine, learn=learn)
     fit, _ = _defaults.fit_default(model, Xs, y, fit=gpvi.fit, learn=learn, two_stage=two_stage,
                                    engine=args.engine, tol=args.tol, max_iter=args.max_iter,
                                    max_rounds=args.max_rounds, offset=offset, seed=args.seed,
-                                   progress=show_progress(args))
+                                   progress=show_progress(args), hyperprior=hyperprior)
     extra = {
         "format": CLI_FORMAT, "version": CLI_VERSION, "model": kind, "likelihood": lik_name,
         "target": target, "features": features, "x_mean": x_mean.tolist(), "x_scale": x_scale.tolist(),
         "y_mean": y_mean, "y_scale": y_scale, "labels": labels, "intercept": intercept,
         "latent_offset": latent_offset, "exposure": args.exposure or None, "data": str(args.data),
+        "hyperprior": args.hyperprior if hyperprior else "none",
     }
     save_model(fit, out, extra)
     if not args.quiet:
@@ -963,6 +965,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the larger number, or the later label in sorted order)")
     f.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
                    help="learn kernel and likelihood hyperparameters (default: --learn)")
+    f.add_argument("--hyperprior", choices=["weak", "none"], default=_defaults.HYPERPRIOR,
+                   help="priors on the learned hyperparameters: 'weak' (default) log-normal priors on the kernel "
+                        "variance (median 1), lengthscales (median sqrt(D)) and regression noise (median 0.1), for "
+                        "the standardised data (gpvi.priors.weak; engines fpi, fpb, gradient, dual, laplace); "
+                        "'none': the bound alone")
     f.add_argument("--tol", type=float, default=1e-6, help="relative VLB tolerance (default 1e-6)")
     f.add_argument("--max-iter", type=int, default=500, help="iteration limit of each engine run (default 500)")
     f.add_argument("--max-rounds", type=int, default=100,

@@ -39,7 +39,9 @@ from jax.scipy.linalg import solve_triangular
 from gpvi._compile import bucket
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.likelihoods import Gaussian
-from gpvi.models.base import GLM, GP, SparseGP
+from gpvi.fitting.problem import check_offset
+from gpvi.likelihoods.base import as_array
+from gpvi.models.base import GLM, GP, SparseGP, check_X
 from gpvi.objective import make_chunks
 from gpvi._watchdog import paused
 
@@ -138,11 +140,16 @@ def collapsed_bound(model, X, y, offset=None, chunk_size: int = 2048) -> float:
     if type(model.likelihood) is not Gaussian:
         raise ValueError(f"model: the collapsed bound needs a Gaussian likelihood, not "
                          f"{type(model.likelihood).__name__}")
-    model = model.initialise(np.asarray(X, np.float64), y)
-    return float(_value(model, _padded_data(model, np.asarray(X, np.float64), y, offset, chunk_size)))
+    X = check_X(X, "X")
+    y = model.likelihood.validate(as_array(y, "y"))  # finite, 1-D (one ValueError otherwise)
+    if y.shape[0] != X.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]} entries: lengths must match")
+    offset = check_offset(offset, X.shape[0])
+    model = model.initialise(X, y)
+    return float(_value(model, _padded_data(model, X, y, offset, chunk_size)))
 
 
-def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None):
+def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None, log_prior=None):
     """L-BFGS-B on the collapsed bound in the unconstrained parameters ``names``.
 
     Returns ``(model, iterations, rows, evaluations)``: the model with the best parameters
@@ -151,6 +158,8 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     included; each is the optimal ``q`` in closed form, which :func:`gpvi.fit` counts as one
     iteration and one pass over the data).  ``callback(iteration, bound, seconds)`` as in :func:`gpvi.fit`.
     Stops when the bound changes by at most ``tol · max(1, |bound|)`` between iterations.
+    ``log_prior``: a :class:`gpvi.priors.LogPrior` of ``names`` (or None): the search then
+    maximises bound + log p(θ); ``rows`` still record the bound.
     """
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
@@ -161,17 +170,24 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
 
     def fun(x):
         evaluations[0] += 1
-        val, g = _value_and_grad(unravel(jnp.asarray(x)), model, data)
+        theta = unravel(jnp.asarray(x))
+        val, g = _value_and_grad(theta, model, data)
         val = float(val)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
+        if log_prior:
+            lp, lg = log_prior(theta)
+            val, g = val - lp, g - np.asarray(jax.flatten_util.ravel_pytree(lg)[0])
         if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)  # the line search backs off
         if val < best[0]:
             best[:] = [val, np.array(x)]
         return val, g
 
+    def bound(x, f):  # the bound alone, without log p(θ)
+        return -f - (log_prior(unravel(jnp.asarray(x)))[0] if log_prior else 0.0)
+
     def record(intermediate_result):  # scipy passes the OptimizeResult only under this name
-        rows.append((time.perf_counter() - t0, -float(intermediate_result.fun)))
+        rows.append((time.perf_counter() - t0, bound(intermediate_result.x, float(intermediate_result.fun))))
         if callback is not None:
             with paused():
                 callback(len(rows) - 1, rows[-1][1], rows[-1][0])
@@ -181,7 +197,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     if not np.isfinite(f0):
         raise ValueError("the collapsed bound or its gradient is not finite at the starting hyperparameters "
                          f"{names}; check their values (or fit without learning them)")
-    rows.append((time.perf_counter() - t0, -f0))
+    rows.append((time.perf_counter() - t0, bound(x0, f0)))
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
     learned = unflatten_params(model, unravel(jnp.asarray(best[1])))

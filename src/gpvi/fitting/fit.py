@@ -24,6 +24,8 @@ from gpvi.fitting.problem import Problem, learnable_parameters, validate
 from gpvi.fitting.runner import Runner, start
 from gpvi.models.base import Model
 from gpvi.objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, State
+from gpvi.priors import LogPrior
+from gpvi._module import flatten_params
 from gpvi._watchdog import watched
 
 __all__ = ["fit", "FitResult", "learnable_parameters"]
@@ -36,7 +38,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
         callback=None, engine_options: dict | None = None, subset=None, executor=None,
-        posterior: str = "gaussian", components: int = 1) -> FitResult:
+        posterior: str = "gaussian", components: int = 1, hyperprior: dict | None = None) -> FitResult:
     """Fit a latent Gaussian model by variational inference.
 
     Parameters
@@ -106,6 +108,15 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         to it; any other option set to other than its default is a ``ValueError`` (call
         :func:`~gpvi.fitting.mog.fit_mog` for the L-BFGS-B's ``max_iter`` and ``tol``).
 
+    hyperprior : None (default: maximum likelihood-II, the bound alone) or a dict of parameter
+        name → prior (:mod:`gpvi.priors`: ``LogNormal`` for positive parameters, ``Normal`` for
+        unconstrained ones; ``*`` segments as in ``learn_hyperparameters``): the search then
+        maximises ``VLB + log p(θ)`` over the learned parameters (the profile search and the
+        collapsed bound; engines that learn θ their own way refuse it).  ``gpvi.priors.weak(model,
+        dimensions=D)`` is the front ends' weakly informative default for standardised data.
+        ``FitResult.vlb`` and the trace stay the VLB; ``extras["log_prior"]`` is ``log p(θ)`` at
+        the learned θ.
+
     Returns
     -------
     FitResult
@@ -124,7 +135,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         given = {"engine": engine, "tol": tol, "tol_nats": tol_nats, "max_iter": max_iter, "offset": offset,
                  "exposure": exposure, "init": init, "max_rounds": max_rounds, "chunk_size": chunk_size,
                  "cache_bytes": cache_bytes, "engine_options": engine_options, "subset": subset,
-                 "executor": executor}
+                 "executor": executor, "hyperprior": hyperprior}
         defaults = inspect.signature(fit).parameters
         same = {"init": ("prior",), "engine_options": ({},)}  # spelled otherwise, the default
         unused = [name for name, value in given.items()
@@ -139,12 +150,15 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
 
         return fit_mog(model, X, y, components=components, learn_hyperparameters=learn_hyperparameters,
                        seed=seed, callback=callback, progress=progress)
+    if not (isinstance(components, (int, np.integer)) and not isinstance(components, bool) and components == 1):
+        raise ValueError(f"components={components!r} applies only with posterior='mog' (a mixture of that many "
+                         "Gaussians); the default Gaussian posterior is one component")
     t0 = time.perf_counter()
     problem = validate(model, X, y, engine=engine, learn_hyperparameters=learn_hyperparameters,
                        learn_inducing=learn_inducing, tol=tol, tol_nats=tol_nats, max_iter=max_iter,
                        offset=offset, exposure=exposure, init=init, max_rounds=max_rounds, chunk_size=chunk_size,
                        cache_bytes=cache_bytes, seed=seed, engine_options=engine_options, subset=subset,
-                       executor=executor)
+                       executor=executor, hyperprior=hyperprior)
     with Runner(problem, t0, progress, callback) as runner:
         state, obj = start(problem)  # obj: the Laplace start's Objective, reused by the first run
         outcome = hyper.choose(problem)(problem, runner, state, obj)
@@ -164,4 +178,14 @@ def _result(problem: Problem, runner: Runner, outcome: hyper.Outcome) -> FitResu
                      trace=outcome.trace, engine=problem.engine.name, backtracks=counts.backtracks,
                      cycles=counts.cycles, evaluations=counts.evaluations, hyperparameter_rounds=outcome.rounds,
                      seconds=seconds, prior=prior, chunk_size=problem.chunk_size, input_dim=problem.X.shape[1],
-                     clipped=counts.clipped, subset=problem.subset, extras=dict(res.extras), gap=float(res.gap))
+                     clipped=counts.clipped, subset=problem.subset, extras=_extras(problem, outcome), gap=float(res.gap))
+
+
+def _extras(problem: Problem, outcome: hyper.Outcome) -> dict:
+    """The last engine run's extras, with ``log_prior`` (log p(θ) at the learned θ) under a hyperprior."""
+    extras = dict(outcome.res.extras)
+    if problem.hyperprior and problem.learn is not False:
+        names = problem.learned_names(outcome.model)
+        extras["log_prior"] = LogPrior(outcome.model, names, problem.hyperprior)(
+            flatten_params(outcome.model, names))[0]
+    return extras

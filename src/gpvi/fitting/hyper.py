@@ -35,6 +35,7 @@ import scipy.optimize
 from gpvi.fitting import collapsed, warmstart
 from gpvi.fitting.problem import check_known
 from gpvi._module import flatten_params, unflatten_params
+from gpvi.priors import LogPrior
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
 from gpvi.objective import (bucketable, full_gp_latents, make_chunks, prior_inputs, vlb_envelope,
                             vlb_in_hyperparameters)
@@ -107,8 +108,10 @@ def on_collapsed_bound(problem, runner, state, obj):
     """θ on the closed-form collapsed bound (:mod:`gpvi.fitting.collapsed`, Gaussian likelihood),
     one factorisation per evaluation; then one engine run, at the learned θ, for q."""
     p = problem
+    names = p.learned_names()
     model, rounds, rows, evaluations = collapsed.learn(
-        p.model, p.learned_names(), p.X, p.y, p.offset, tol=p.tol, max_rounds=p.max_rounds,
+        p.model, names, p.X, p.y, p.offset, tol=p.tol, max_rounds=p.max_rounds,
+        log_prior=LogPrior(p.model, names, p.hyperprior),
         chunk_size=p.chunk_size, t0=runner.t0, callback=lambda i, v, s: runner.callback(i, v, s, shift=False))
     obj, res, trace = runner(model, state, p.tol)  # (the Laplace start's objective is of the old θ)
     model, learned = _engine_model(model, res)
@@ -221,6 +224,7 @@ def profile_search(problem, runner, model, names, state):
     envelope = not laplace and not blockwise and full_gp_latents(model)
     lik_learned = any(n.split(".")[0] == "likelihood" for n in names)
     inner = {"tol": tol}
+    log_prior = LogPrior(model, names, problem.hyperprior)  # (empty: no prior)
     memo = {"state": state, "best": (-np.inf, None, state)}
     rows = []
     vlbs = {}  # VLB of the Laplace posterior at each evaluated point (laplace only)
@@ -249,16 +253,22 @@ def profile_search(problem, runner, model, names, state):
         else:
             val, g = neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
+        lp = 0.0
+        if log_prior:  # maximise bound + log p(θ)
+            lp, lg = log_prior(theta)
+            val, g = float(val) - lp, g - np.asarray(jax.flatten_util.ravel_pytree(lg)[0])
         if not np.isfinite(float(val)) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
         memo["state"], memo["obj"] = res.state, new_obj  # warm start for the next evaluation
-        score = -float(val) if laplace else res.vlb
+        score = -float(val) if laplace else res.vlb + lp
         if score > memo["best"][0]:
             memo["best"] = (score, np.array(x), res.state)
         return float(val), g
 
-    def traced(x, f):
-        return vlbs.get(np.asarray(x).tobytes(), -f) if laplace else -f
+    def traced(x, f):  # the trace records the VLB (f also holds −log p(θ) under a hyperprior)
+        if laplace:
+            return vlbs.get(np.asarray(x).tobytes(), -f)
+        return -f - (log_prior(unravel(jnp.asarray(x)))[0] if log_prior else 0.0)
 
     def record(intermediate_result):
         rows.append((time.perf_counter() - t0, traced(intermediate_result.x, float(intermediate_result.fun))))

@@ -17,6 +17,7 @@ from gpvi.engines.registry import Engine
 from gpvi.likelihoods.base import as_array, is_real_dtype
 from gpvi.models.base import GP, Model, check_X
 from gpvi.objective import State
+from gpvi.priors import check_hyperprior
 
 __all__ = ["Problem", "validate", "check_offset", "check_init", "learnable_parameters", "learned_names"]
 
@@ -56,6 +57,7 @@ class Problem:
     max_rounds: int
     chunk_size: int
     cache_bytes: int
+    hyperprior: dict = dataclasses.field(default_factory=dict)
 
     def learned_names(self, model: Model | None = None) -> list[str]:
         """The dotted names learned for ``model`` (default: the problem's)."""
@@ -64,7 +66,7 @@ class Problem:
 
 def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol, tol_nats, max_iter,
              offset, exposure, init, max_rounds, chunk_size, cache_bytes, seed, engine_options, subset,
-             executor) -> Problem:
+             executor, hyperprior=None) -> Problem:
     """Check :func:`gpvi.fit`'s arguments (all but ``posterior``, ``components``, ``progress`` and
     ``callback``) and initialise the model on the data; a ``ValueError`` for the first wrong one."""
     eng = _engines.get(engine)  # a ValueError listing the registered engines
@@ -132,6 +134,15 @@ def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol,
             init = check_init(init, d, Q)
         elif init not in (None, "prior", "laplace"):
             raise ValueError(f"init must be 'prior', 'laplace' or a gpvi State, got {init!r}")
+        hyperprior = check_hyperprior(model, hyperprior)
+        if hyperprior and learn is False:
+            raise ValueError("hyperprior applies only to hyperparameters being learned: pass "
+                             "learn_hyperparameters=True (or a list of names), or hyperprior=None")
+        if hyperprior and learn is not False and eng.hyperparameters != "profile":
+            raise ValueError(f"hyperprior: engine={engine!r} learns the hyperparameters its own way "
+                             f"({'jointly with q' if eng.hyperparameters == 'joint' else 'by its own driver'}), "
+                             "without priors; use a profile-search engine ("
+                             f"{', '.join(map(repr, _engines.names(hyperparameters='profile')))}) or hyperprior=None")
     except BaseException:
         if plan is not None:
             plan.close()
@@ -139,7 +150,7 @@ def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol,
     return Problem(model=model, X=X, y=y, offset=offset, engine=eng, learn=learn, learn_inducing=bool(learn_inducing),
                    init=init, d=d, Q=Q, options=options, subset=subset, source=source, plan=plan, tol=tol,
                    tol_nats=tol_nats, max_iter=max_iter, max_rounds=max_rounds, chunk_size=chunk_size,
-                   cache_bytes=cache_bytes)
+                   cache_bytes=cache_bytes, hyperprior=hyperprior)
 
 
 def check_learn(model: Model, learn_hyperparameters):
