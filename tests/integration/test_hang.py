@@ -34,7 +34,10 @@ _FOREGROUND = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_ha
 
 
 def _run(script: str, timeout: float, env: dict | None = None, cwd=None):
-    full_env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _SRC, **(env or {})}
+    # the user's XLA flags, not the suite's faster-compiling ones (tests/conftest.py): the hang was
+    # met, and its cure is checked, with XLA's defaults
+    user_flags = {"XLA_FLAGS": os.environ.get("GPVI_TEST_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))}
+    full_env = {**os.environ, **user_flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _SRC, **(env or {})}
     return subprocess.run([sys.executable, "-c", _FOREGROUND + textwrap.dedent(script)], capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=cwd)
 
