@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpvi._module import Module, static
-from gpvi.likelihoods.quadrature import expect, gauss_hermite
+from gpvi.likelihoods.quadrature import expect, expect_product, gauss_hermite, product_order, product_rule
 
 __all__ = ["Likelihood", "LOG2PI", "as_array", "is_real_dtype", "check_quadrature_points", "finite_1d",
            "mean_hessians_by_autodiff"]
@@ -111,9 +111,28 @@ class Likelihood(Module):
         return finite_1d(y).astype(np.float64)
 
     # ---- expectations under N(f | m, v) -----------------------------------------------------
+    def _latents(self) -> int:
+        return int(getattr(self, "num_latents", 1))
+
+    def _expect(self, g, m, v):
+        """``E[g(f)]`` under ``N(m, v)``: one-dimensional Gauss–Hermite for one latent, ``g`` on
+        f (..., n); for Q > 1 latents (``m, v`` of shape (..., Q), the rows' latents independent
+        under q) the product rule (:func:`~gpvi.likelihoods.quadrature.expect_product`), ``g`` on
+        f (..., n^Q, Q)."""
+        Q = self._latents()
+        if Q == 1:
+            return expect(g, m, v, self.quadrature_points)
+        return expect_product(g, m, v, product_order(Q, self.quadrature_points))
+
     def expected_log_prob(self, y, m, v):
-        """``E_{N(f|m,v)}[log p(y|f)]`` elementwise; Gauss–Hermite unless overridden."""
-        return expect(lambda f: self.log_prob(y[..., None], f), m, v, self.quadrature_points)
+        """``E_{N(f|m,v)}[log p(y|f)]`` elementwise; Gauss–Hermite unless overridden.
+
+        A likelihood with ``num_latents = Q > 1`` gets, per row, ``f`` with a last axis of the Q
+        latents (as :class:`~gpvi.likelihoods.softmax.Softmax`), and by default the product of
+        one-dimensional rules over them (20² points for two latents, 10³ for three; four need
+        ``quadrature_points`` ≤ 5 or an override, five or more a ``ValueError`` that suggests
+        :class:`~gpvi.likelihoods.montecarlo.MonteCarlo`)."""
+        return self._expect(lambda f: self.log_prob(y[..., None], f), m, v)
 
     def variational_moments(self, y, m, v):
         """``(E, ρ, λ)`` for 1-D arrays ``y, m, v`` of one shape.
@@ -167,9 +186,8 @@ class Likelihood(Module):
 
     def predict_mean_and_var(self, m, v):
         """Predictive mean and variance of y under ``f ~ N(m, v)`` (law of total variance)."""
-        n = self.quadrature_points
-        mean = expect(self.conditional_mean, m, v, n)
-        second = expect(lambda f: self.conditional_variance(f) + self.conditional_mean(f) ** 2, m, v, n)
+        mean = self._expect(self.conditional_mean, m, v)
+        second = self._expect(lambda f: self.conditional_variance(f) + self.conditional_mean(f) ** 2, m, v)
         return mean, jnp.maximum(second - mean**2, 0.0)
 
     def class_probabilities(self, m, v):
@@ -180,7 +198,13 @@ class Likelihood(Module):
                          f"not {type(self).__name__}")
 
     def predictive_log_density(self, y, m, v):
-        """``log ∫ p(y|f) N(f|m, v) df`` elementwise (Gauss–Hermite in log space)."""
+        """``log ∫ p(y|f) N(f|m, v) df`` elementwise (Gauss–Hermite in log space; the product
+        rule over the latents of a likelihood with several)."""
+        Q = self._latents()
+        if Q > 1:
+            Z, W = product_rule(Q, product_order(Q, self.quadrature_points))
+            f = m[..., None, :] + jnp.sqrt(v)[..., None, :] * jnp.asarray(Z)
+            return jax.scipy.special.logsumexp(self.log_prob(y[..., None], f) + jnp.log(jnp.asarray(W)), axis=-1)
         z, w = gauss_hermite(self.quadrature_points)
         f = m[..., None] + jnp.sqrt(v)[..., None] * z
         return jax.scipy.special.logsumexp(self.log_prob(y[..., None], f) + jnp.log(w), axis=-1)

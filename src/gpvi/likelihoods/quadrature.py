@@ -1,7 +1,11 @@
-"""Gauss–Hermite expectations under univariate Gaussians.
+"""Gauss–Hermite expectations under univariate Gaussians, and their product rule over a few
+independent latents.
 
 ``gauss_hermite(n)`` returns nodes ``z`` and weights ``w`` with
 ``E_{N(0,1)}[g(z)] ≈ Σ_k w_k g(z_k)``, exact for polynomials of degree ≤ 2n−1.
+:func:`expect_product` takes the tensor product of such rules over the last axis of ``m, v``
+(the Q latents of one row, independent under q): ``n^Q`` points, so only for a few latents
+(:data:`PRODUCT_MAX_POINTS`).
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from functools import lru_cache
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["gauss_hermite", "hermite_nodes", "expect"]
+__all__ = ["gauss_hermite", "hermite_nodes", "expect", "expect_product", "product_order", "product_rule", "PRODUCT_MAX_POINTS"]
 
 
 @lru_cache(maxsize=32)
@@ -40,3 +44,42 @@ def expect(g, m, v, n: int = 20):
     z, w = gauss_hermite(n)
     f = m[..., None] + jnp.sqrt(v)[..., None] * z
     return jnp.sum(w * g(f), axis=-1)
+
+
+#: Most points of a product rule (:func:`product_order`): 20² for two latents, 10³ for three.
+PRODUCT_MAX_POINTS = 1000
+
+
+def product_order(num_latents: int, n: int = 20) -> int:
+    """Points per latent of the product rule over ``num_latents`` latents: ``n``, lowered until
+    ``n^Q ≤ PRODUCT_MAX_POINTS``; a ``ValueError`` below 5 points per latent (Q ≥ 5), where a
+    product rule is too coarse or too large."""
+    Q = int(num_latents)
+    k = int(n)
+    while k > 1 and k ** Q > PRODUCT_MAX_POINTS:
+        k -= 1
+    if k < 5:
+        raise ValueError(f"a likelihood with {Q} latents per row needs its own expected_log_prob (or "
+                         "variational_moments): the default Gauss–Hermite product rule would need "
+                         f"{n}^{Q} points; wrap it in gpvi.MonteCarlo(...) for Monte Carlo expectations")
+    return k
+
+
+def expect_product(g, m, v, n: int):
+    """``E[g(f)]`` with ``f ~ N(m, diag v)`` per row, ``m, v`` of shape (..., Q): the tensor
+    product of ``n``-point Gauss–Hermite rules.  ``g`` is called on f of shape (..., n^Q, Q)
+    and returns (..., n^Q)."""
+    Z, W = product_rule(m.shape[-1], n)
+    f = m[..., None, :] + jnp.sqrt(v)[..., None, :] * jnp.asarray(Z)
+    return jnp.sum(jnp.asarray(W) * g(f), axis=-1)
+
+
+@lru_cache(maxsize=32)
+def product_rule(num_latents: int, n: int):
+    """Nodes (n^Q, Q) and weights (n^Q,) of the product of ``n``-point rules over Q = ``num_latents``
+    independent standard normals (NumPy arrays, cached)."""
+    z, w = hermite_nodes(int(n))
+    Q = int(num_latents)
+    Z = np.stack([a.reshape(-1) for a in np.meshgrid(*([z] * Q), indexing="ij")], axis=-1)
+    W = np.prod(np.stack([a.reshape(-1) for a in np.meshgrid(*([w] * Q), indexing="ij")], axis=-1), axis=-1)
+    return Z, W
