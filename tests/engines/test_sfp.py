@@ -140,6 +140,18 @@ def test_learns_hyperparameters_by_adam(rng):
     assert "jointly" in res.message and res.vlb > ref.vlb - 2.0
 
 
+def test_a_second_learned_fit_reuses_the_compiled_hyperparameter_step(rng):
+    """Issue 30 §2: sfp built a new optax transformation in every fit, a static argument of its
+    compiled θ step, so every fit compiled that step again."""
+    model, X, y = _problem(rng)
+    model = model.replace(likelihood=L.Gaussian(variance=0.5))
+    opts = dict(batch_size=60, epochs=1)
+    gpvi.fit(model, X, y, engine="sfp", learn_hyperparameters=["likelihood.variance"], engine_options=opts)
+    compiled = sfp._hyper_step._cache_size()
+    gpvi.fit(model, X, y, engine="sfp", learn_hyperparameters=["likelihood.variance"], engine_options=opts)
+    assert compiled >= 1 and sfp._hyper_step._cache_size() == compiled
+
+
 def test_safeguard_keeps_noisy_poisson_steps_finite():
     """Small minibatches (B = 50, M = 60) of high Poisson counts: pure averaging overshoots into
     overflow within one epoch; the safeguarded steps (γ halved while the batch's own bound would

@@ -129,6 +129,12 @@ def _neg_bound(theta, model, batch, state, scale, blocks):
     return -minibatch_vlb(unflatten_params(model, theta), batch, state, scale, blocks)
 
 
+#: Adam's scaling (the rate is applied in :func:`_hyper_step`), made once: it is a static argument
+#: of the compiled θ step, and a new one per fit made every fit compile that step again (2.1 s
+#: per fit on kin40k).
+_ADAM = optax.scale_by_adam()
+
+
 @partial(jax.jit, static_argnames=("opt", "blocks"))
 def _hyper_step(theta, opt_state, model, batch, state, scale, rate, opt, blocks):
     g = jax.grad(_neg_bound)(theta, model, batch, state, scale, blocks)
@@ -222,7 +228,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         epochs = max(2, -(-50 * B // N))
     names = list(hyperparameters or ())
     blocks = num_blocks(state.mean.shape[0])
-    opt = optax.scale_by_adam()
+    opt = _ADAM
     box = {"state": state, "model": model, "theta": flatten_params(model, names) if names else None,
            "prior": None if names else _prior(model, None), "pcache": None, "clipped": 0, "gammas": [], "damp": 1.0,
            "backtracks": 0}
