@@ -105,7 +105,9 @@ def test_multi_latent_programs_have_no_batched_lapack_call(tmp_path):
     dump = tmp_path / "hlo"
     out = _run(_MULTI_LATENT_PROGRAMS, timeout=600, env={
         "GPVI_COMPILATION_CACHE": "0",  # compile everything here, so that everything is dumped
-        "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=NONE"})
+        # LLVM at optimisation level 0 compiles faster and leaves the optimised HLO scanned here as it is
+        "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=NONE "
+                     "--xla_backend_optimization_level=0"})
     assert out.returncode == 0 and "programs done" in out.stdout, out.stderr[-3000:]
     assert len(list(dump.glob("*cpu_after_optimizations.txt"))) > 20  # the dump did happen
     assert batched_lapack_calls(dump) == []
@@ -132,9 +134,9 @@ else:  # USPS 4-7-9 sized: three classes, 16 x 16 pixel images
 rng = np.random.default_rng({seed})
 keep = rng.permutation(y.size)[: int(0.7 * y.size)]
 t = time.perf_counter()
-# USPS-sized: the default estimator (sparse, 3 latents) with its search cut to 3 rounds, which runs
+# USPS-sized: the default estimator (sparse, 3 latents) with its search cut to 1 round, which runs
 # the same compiled programs as a full search (150-280 s) in a fraction of the time
-clf = (gpvi.GPClassifier(max_rounds=3) if kind == "usps" else gpvi.GPClassifier()).fit(X[keep], y[keep])
+clf = (gpvi.GPClassifier(max_rounds=1) if kind == "usps" else gpvi.GPClassifier()).fit(X[keep], y[keep])
 print("finished", kind, round(time.perf_counter() - t, 2), clf.score(X, y), flush=True)
 """
 
@@ -161,8 +163,8 @@ def _stress(n_processes: int, cache_dir: Path, timeout: float, workers: int = 2)
 @pytest.mark.slow
 def test_stress_default_multiclass_classifier_never_hangs(tmp_path):
     """At least 20 fresh processes, two at a time on the two cores, each fitting the default
-    ``GPClassifier`` on iris, wine or a USPS-sized three-class problem (862 × 256; there with at
-    most 3 search rounds): every one finishes within its timeout (before the cure 7 of 7 iris
+    ``GPClassifier`` on iris, wine or a USPS-sized three-class problem (862 × 256; there with
+    one search round per stage): every one finishes within its timeout (before the cure 7 of 7 iris
     fits hung here).  The watchdog is off, so a hang
     shows as a timeout rather than as its error.  ``GPVI_STRESS_PROCESSES`` sets the count."""
     n = max(20, int(os.environ.get("GPVI_STRESS_PROCESSES", "20")))
