@@ -253,3 +253,19 @@ print("ok")
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1])] + sys.path)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_a_closed_dask_client_is_named_in_one_error(rng):
+    """Issue 30 §2: a closed client raised Dask's ClosedClientError ("Can't send update-graph
+    message") from inside the first pass."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                                       dashboard_address=None, silence_logs=40)
+    c = distributed.Client(cluster)
+    c.close()
+    cluster.close()
+    X = rng.normal(size=(40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    model = gpvi.SparseGP(gpvi.kernels.RBF(), gpvi.likelihoods.Bernoulli(), inducing=5)
+    with pytest.raises(ValueError, match="Client is closed"):
+        gpvi.fit(model, X, y, executor=c)

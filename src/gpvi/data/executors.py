@@ -287,7 +287,13 @@ class DaskExecutor:
 
     def open(self, source, layout, likelihood, cache_bytes=None):
         """A plan of passes over ``source``: its blocks are read onto the workers now and kept
-        there for the whole fit (``cache_bytes`` does not apply: worker memory holds them)."""
+        there for the whole fit (``cache_bytes`` does not apply: worker memory holds them).
+        A ``ValueError`` if the client is closed (Dask's own ``ClosedClientError`` said only that
+        it could not send a message)."""
+        status = getattr(self.client, "status", "running")
+        if status in ("closing", "closed"):
+            raise ValueError(f"executor: the dask.distributed Client is {status}; connect a new one "
+                             "(distributed.Client(...)) or fit in this process (executor=None or 'local')")
         return _DaskPlan(self, source, layout, likelihood)
 
 
