@@ -74,6 +74,8 @@ def cmd_fit_stream(args) -> int:
     src = (gstream.from_parquet(p, target, features) if parquet else gstream.from_csv(p, target, features))
     N = src.count_rows()
     B = min(N, 1024) if args.batch_size is None else args.batch_size
+    if args.init_rows < 1:  # (before the head of the file is read and scaled)
+        raise UsageError(f"--init-rows must be a positive number of rows, got {args.init_rows}")
     if B > N:
         raise UsageError(f"--batch-size {B} is larger than the {N} rows of {args.data}")
 
