@@ -106,6 +106,8 @@ def test_bad_input(rng, tmp_path):
     ragged = [(X[:5], y[:5]), (X[5:10, :2], y[5:10])]
     with pytest.raises(ValueError, match="batch 1 .*2 columns"):
         list(stream.from_iterator(ragged, num_rows=10).minibatches(2))
+    with pytest.raises(ValueError, match="batch 1 .*2 columns"):  # head() too (k-means start: a NumPy error before)
+        stream.from_iterator(ragged, num_rows=10).head(10)
     short_y = [(X[:5], y[:5]), (X[5:10], y[5:9])]
     with pytest.raises(ValueError, match="batch 1 .*ragged"):
         list(stream.from_iterator(short_y, num_rows=10).minibatches(2))

@@ -170,7 +170,9 @@ class Stream:
         k-means placement of inducing inputs."""
         got, n = [], 0
         for raw in self._blocks(0, None):
-            X, y, off = _check_block(raw, self.num_features, len(got), n, self.name)
+            # (every batch must have the first one's columns when the source does not say how many)
+            D = self.num_features if self.num_features is not None or not got else got[0][0].shape[1]
+            X, y, off = _check_block(raw, D, len(got), n, self.name)
             got.append((X, y, off))
             n += X.shape[0]
             if n >= rows:
