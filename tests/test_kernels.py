@@ -29,6 +29,12 @@ CASES = {
     # k(X1, X2) of the multiscale kernel is SE-ARD; its inducing forms are tested in test_ivsgpr.py
     "multiscale-rbf": K.MultiscaleRBF(variance=0.8, lengthscale=ARD),
     "rbf+white": K.RBF(variance=1.3, lengthscale=0.7) + K.White(variance=0.2),
+    # issue 33: the new kernels, c * k and active_dims (more in test_kernel_algebra.py)
+    "periodic": K.Periodic(variance=1.1, lengthscale=0.9, period=1.7),
+    "rq-ard": K.RationalQuadratic(variance=0.8, lengthscale=ARD, alpha=0.6),
+    "polynomial": K.Polynomial(degree=2, variance=0.7, offset=0.8),
+    "2*matern32": 2.0 * K.Matern32(variance=0.9, lengthscale=1.1),
+    "active-dims": K.RBF(1.3, np.array([0.7, 1.2]), active_dims=(0, 2)) * K.Periodic(0.9, 1.0, 1.5, active_dims=[1]),
 }
 IDS = list(CASES)
 
@@ -36,6 +42,8 @@ IDS = list(CASES)
 def uses_matern12(k):
     if isinstance(k, (K.Sum, K.Product)):
         return any(uses_matern12(c) for c in k.kernels)
+    if isinstance(k, K.Scale):
+        return uses_matern12(k.kernel)
     return isinstance(k, K.Matern12)
 
 
@@ -58,6 +66,12 @@ PROFILES = {
 
 def ref_matrix(k, X1, X2):
     """Independent covariance matrix from the definitions (pairwise differences)."""
+    if k.active_dims is not None:
+        X1, X2 = X1[:, list(k.active_dims)], X2[:, list(k.active_dims)]
+    if isinstance(k, K.Scale):
+        return float(k.variance) * ref_matrix(k.kernel, X1, X2)
+    if isinstance(k, K.Polynomial):
+        return (float(k.variance) * np.einsum("id,jd->ij", X1, X2) + float(k.offset)) ** k.degree
     if isinstance(k, K.Sum):
         return sum(ref_matrix(c, X1, X2) for c in k.kernels)
     if isinstance(k, K.Product):
@@ -73,26 +87,34 @@ def ref_matrix(k, X1, X2):
     if isinstance(k, K.White):  # s² where every column is equal
         return s2 * np.all(X1[:, None, :] == X2[None, :, :], axis=-1)
     ls = np.asarray(k.lengthscale, float)
+    if isinstance(k, K.Periodic):  # s² exp(−2 Σ_d sin²(π (x_d − x'_d) / p_d) / ℓ_d²)
+        diff = np.pi * (X1[:, None, :] - X2[None, :, :]) / np.asarray(k.period, float)
+        return s2 * np.exp(-2.0 * np.sum(np.sin(diff) ** 2 / ls**2, axis=-1))
     diff = (X1[:, None, :] - X2[None, :, :]) / ls
     r = np.sqrt(np.sum(diff**2, axis=-1))
+    if isinstance(k, K.RationalQuadratic):  # s² (1 + r² / (2α))^(−α)
+        a = float(k.alpha)
+        return s2 * (1.0 + r**2 / (2.0 * a)) ** (-a)
     return s2 * PROFILES[type(k)](r)
 
 
 # ------------------------------------------------------------------------------------------
 def test_every_kernel_class_is_covered():
-    classes = {getattr(K, n) for n in K.__all__} - {K.Kernel, getattr(K, "Stationary", None)}
+    classes = {c for c in (getattr(K, n) for n in K.__all__) if isinstance(c, type)} \
+        - {K.Kernel, getattr(K, "Stationary", None)}
     covered = set()
 
     def walk(k):
         covered.add(type(k))
-        for c in getattr(k, "kernels", ()):
+        for c in getattr(k, "kernels", ()) + ((k.kernel,) if isinstance(k, K.Scale) else ()):
             walk(c)
 
     for k in CASES.values():
         walk(k)
     missing = sorted(c.__name__ for c in classes - covered)
     assert not missing, f"kernel classes without a test instance: {missing}"
-    for cls in classes - {K.Sum, K.Product, K.Linear, K.Constant, K.White}:
+    for cls in classes - {K.Sum, K.Product, K.Scale, K.Linear, K.Constant, K.White, K.Periodic, K.RationalQuadratic,
+                          K.Polynomial}:  # ref_matrix writes these out itself
         assert cls in PROFILES, f"no textbook profile for {cls.__name__}"
 
 
@@ -348,8 +370,8 @@ def test_white_noise_term_in_a_sparse_gp_adds_to_k_uu_and_the_conditional_varian
 def test_white_noise_term_as_the_readme_writes_it():
     """``RBF() + White(0.01)`` (README, "What is inside") raised TypeError: every component
     field was keyword-only, so ``White(0.01)`` was rejected.  The variance of White is now also
-    positional; the sum is RBF's matrix plus 0.01 I on the same inputs and exactly RBF's
-    covariance between different inputs."""
+    positional (as every kernel's parameters are, issue 33); the sum is RBF's matrix plus 0.01 I
+    on the same inputs and exactly RBF's covariance between different inputs."""
     k = K.RBF() + K.White(0.01)
     assert isinstance(k, K.Sum) and isinstance(k.kernels[1], K.White)
     assert float(k.kernels[1].variance) == 0.01
@@ -365,10 +387,10 @@ def test_white_noise_term_as_the_readme_writes_it():
     # the same kernel as the keyword form, parameters and learnable paths included
     kw = K.RBF() + K.White(variance=0.01)
     assert {n: float(v) for n, v in k.parameters().items()} == {n: float(v) for n, v in kw.parameters().items()}
-    # checked like the keyword form; only the variance is positional
+    # checked like the keyword form; the variance is White's only positional argument
     with pytest.raises(ValueError, match="White: variance"):
         K.White(-0.01)
     with pytest.raises(TypeError):
         K.White(0.01, 0.02)
-    with pytest.raises(TypeError):
-        K.RBF(1.0)  # the other kernels' parameters stay keyword-only
+    # the other kernels' parameters are positional too, in the order of their keywords
+    assert float(K.RBF(1.5).variance) == 1.5 and float(K.RBF(1.5, 0.3).lengthscale) == 0.3

@@ -333,6 +333,8 @@ def test_bad_input():
         gpvi.fit(gpvi.GP(RBF(), Gaussian()), X[:20], y[:20], engine="ivsgpr")
     with pytest.raises(ValueError, match="RBF or MultiscaleRBF"):
         gpvi.fit(gpvi.SparseGP(Matern32(), Gaussian(), inducing=inducing()), X, y, engine="ivsgpr")
+    with pytest.raises(ValueError, match="all input columns"):  # was silently run on every column
+        gpvi.fit(gpvi.SparseGP(RBF(active_dims=(0,)), Gaussian(), inducing=inducing()), X, y, engine="ivsgpr")
     for opts, word in [({"batch_size": 0}, "batch_size"), ({"batch_size": N + 1}, "batch_size"),
                        ({"batch_size": 2.5}, "batch_size"), ({"subproblem_evals": -1}, "subproblem_evals"),
                        ({"subproblem_evals": "fast"}, "subproblem_evals"), ({"step_size": 0.0}, "step_size"),

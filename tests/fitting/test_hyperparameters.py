@@ -99,6 +99,11 @@ def test_learnable_parameters_default_excludes_fixed_and_inducing():
     assert {"kernel.kernels.0.variance", "kernel.kernels.0.lengthscale", "kernel.kernels.1.variance",
             "likelihood.scale", "mean"} == set(names)
     assert "inducing" in gpvi.learnable_parameters(model, learn_inducing=True)
+    # at any depth: a sparse MultiLatent's inducing inputs were learned by default
+    ml = gpvi.MultiLatent.sparse(gpvi.kernels.RBF(), gpvi.Softmax(num_classes=3), inducing=np.zeros((3, 1)))
+    names = gpvi.learnable_parameters(ml)
+    assert not [n for n in names if n.endswith("inducing")] and "latents.2.kernel.variance" in names
+    assert "latents.1.inducing" in gpvi.learnable_parameters(ml, learn_inducing=True)
 
 
 # ---- issue 30 §2: iterations and learn_inducing of a learned fit ----------------------------

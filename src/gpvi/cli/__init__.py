@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from gpvi import kernels as _kernels
 from gpvi.fitting import defaults as _defaults
 from gpvi.cli.common import (OUTPUTS, CLI_FORMAT, CLI_VERSION, LIKELIHOODS, LOG_LINK, PARQUET_SUFFIXES, STANDARDISED_TARGET, UsageError, check_writable, default_out, describe_model, refuse_overwriting_input, remember_output, save_model, show_progress, split, support_error)
 
@@ -405,6 +406,7 @@ def cmd_fit(args) -> int:
 
     if args.model is None:  # the default: auto, or sparse when --inducing is given
         args.model = "sparse" if args.inducing is not None else "auto"
+    kernel_spec = _kernel_spec(args)
     if args.stream:
         from gpvi.cli import stream as _cli_stream
 
@@ -471,6 +473,8 @@ def cmd_fit(args) -> int:
     latent_offset = 0.0
     two_stage = False
     if kind == "glm":
+        if args.kernel is not None or args.ard is not None:
+            raise UsageError("--kernel and --ard apply to GP models, not --model glm")
         intercept = lik_name != "ordinal"  # for ordinal the bin edges play the intercept's part
         if intercept:
             Xs = np.column_stack([Xs, np.ones(N)])
@@ -482,8 +486,13 @@ def cmd_fit(args) -> int:
             M = _defaults.inducing_count(Xs) if args.inducing is None else args.inducing
             if M < 1:
                 raise UsageError(f"--inducing must be a positive number of inducing inputs, got {M}")
-        two_stage = _defaults.uses_two_stages(likelihood, D, default_kernel=True, learn_all=args.learn)
-        model = _defaults.build_model(kind, likelihood, mean0, Xs, inducing=M, two_stage=two_stage)
+        if kernel_spec is None:  # the default kernel (RBF, ARD), searched in two stages where it helps
+            two_stage = _defaults.uses_two_stages(likelihood, D, default_kernel=True, learn_all=args.learn)
+            model = _defaults.build_model(kind, likelihood, mean0, Xs, inducing=M, two_stage=two_stage)
+        else:  # --kernel: started at the default's lengthscale (median distance), searched in one stage
+            kernel = _kernels.kernel_from_spec(kernel_spec, D, ard=args.ard is not False,
+                                               lengthscale=_defaults.median_distance(Xs))
+            model = _defaults.build_model(kind, likelihood, mean0, Xs, kernel=kernel, inducing=M)
     if latent_offset:
         offset = (offset if offset is not None else 0.0) + np.full(N, latent_offset)
 
@@ -502,18 +511,40 @@ def cmd_fit(args) -> int:
     }
     save_model(fit, out, extra)
     if not args.quiet:
-        _print_fit_summary(fit, extra, table, out, args.max_rounds)
+        kernel_desc = None if kernel_spec is None else f"kernel {kernel_spec}" + (
+            "" if args.ard is False else ", ARD")
+        _print_fit_summary(fit, extra, table, out, args.max_rounds, kernel_desc)
     return 0
+
+
+def _kernel_spec(args):
+    """The ``--kernel`` spec to build (normalised), or None for the default kernel (no --kernel,
+    ``--kernel rbf`` with ARD); a UsageError for an unknown name, a malformed spec or --stream."""
+    if args.kernel is None and args.ard is None:
+        return None
+    if args.stream:
+        raise UsageError("--kernel and --ard apply to gpvi fit without --stream (a streamed fit uses the ARD RBF "
+                         "kernel)")
+    spec = "rbf" if args.kernel is None else args.kernel
+    try:
+        _kernels.kernel_from_spec(spec, 1)  # checks the names and the syntax
+    except ValueError as err:
+        raise UsageError(f"--kernel: {err}") from None
+    spec = "".join(spec.split()).lower()
+    return None if spec == "rbf" and args.ard is not False else spec
 
 
 def _fmt(v):
     return f"{float(v):.4g}"
 
 
-def _print_fit_summary(fit, extra, table, out, max_rounds):
+def _print_fit_summary(fit, extra, table, out, max_rounds, kernel_desc=None):
     kind, lik = extra["model"], extra["likelihood"]
     features = extra["features"]
-    print(f"gpvi fit: {describe_model(fit, kind)}, {lik} likelihood, engine {fit.engine}")
+    described = describe_model(fit, kind)
+    if kernel_desc is not None:  # --kernel
+        described = described.replace("RBF ARD kernel", kernel_desc)
+    print(f"gpvi fit: {described}, {lik} likelihood, engine {fit.engine}")
     tgt = f"target {extra['target']!r}"
     if extra["labels"] is not None:
         tgt += " (" + ", ".join(f"{lab} = {k}" for k, lab in enumerate(extra["labels"])) + ")"
@@ -963,6 +994,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: the integers from the smallest to the largest label)")
     f.add_argument("--positive", metavar="LABEL", help="the positive class for bernoulli/probit "
                    "(default: the larger number, or the later label in sorted order)")
+    f.add_argument("--kernel", metavar="SPEC",
+                   help="kernel of the GP: " + ", ".join(_kernels.SPEC_NAMES) + " (rq: rational quadratic; "
+                        "polynomial: degree 2) joined by + and * (* binds tighter), e.g. rbf+periodic or "
+                        "matern52*linear; lengthscales (and periods) start at the median distance between "
+                        "standardised rows (default: rbf, with the isotropic-then-ARD search)")
+    f.add_argument("--ard", action=argparse.BooleanOptionalAction, default=None,
+                   help="one lengthscale per feature for the stationary kernels of --kernel (default: --ard; "
+                        "--no-ard: one shared lengthscale, and without --kernel an isotropic rbf)")
     f.add_argument("--learn", action=argparse.BooleanOptionalAction, default=True,
                    help="learn kernel and likelihood hyperparameters (default: --learn)")
     f.add_argument("--hyperprior", choices=["weak", "none"], default=_defaults.HYPERPRIOR,

@@ -93,6 +93,9 @@ def prepare_model(model):
     if type(k) not in (RBF, MultiscaleRBF):
         raise ValueError("engine 'ivsgpr' needs an RBF or MultiscaleRBF kernel (its inducing functions must not "
                          f"depend on the hyperparameters), got {type(k).__name__}")
+    if k.active_dims is not None:
+        raise ValueError("engine 'ivsgpr' needs a kernel on all input columns (its multiscale inducing functions "
+                         f"do not select columns), got active_dims={k.active_dims}; select the columns of X instead")
     Z = jnp.asarray(model.inducing)
     M, D = Z.shape
     ls = np.broadcast_to(np.asarray(k.lengthscale, np.float64), (D,))

@@ -3,8 +3,18 @@
 parts.
 
 A component (kernel, likelihood, model) is stored as its class name, its static settings and
-one array per parameter; only gpvi's own classes and classes given to :func:`register` can be
-rebuilt, so decoding never imports or runs code named by a file.
+one array per parameter; only gpvi's own classes, classes given to :func:`register` and the
+subclasses of :class:`gpvi.kernels.Kernel` that the running program has defined can be rebuilt,
+so decoding never imports or runs code named by a file.
+
+A user's kernel (a ``Kernel`` subclass) needs no :func:`register` call: the subclasses of
+``Kernel`` defined when a file is saved or loaded are found by walking ``__subclasses__()``,
+keyed by class name.  A class defined again under the same module and qualified name (a
+notebook cell run twice) means its latest definition; an earlier definition is then refused
+when saved.  A name is the class's identity in a file, so a kernel whose name is that of one of
+gpvi's classes, of a registered class or of a different ``Kernel`` subclass (another module or
+qualified name) is refused with a ``ValueError`` naming both (rename it, or :func:`register`
+the one a file's name should mean).
 """
 from __future__ import annotations
 
@@ -27,7 +37,10 @@ _REGISTRY: dict[str, type] = {}
 
 
 def register(cls):
-    """Allow a user-defined component class (e.g. a custom likelihood) in model files."""
+    """Allow a user-defined component class (e.g. a custom likelihood) in model files.
+
+    A subclass of :class:`gpvi.kernels.Kernel` needs no registration (see the module); registering
+    one makes its name mean it even when another class has the same name."""
     _REGISTRY[cls.__name__] = cls
     return cls
 
@@ -37,7 +50,9 @@ def register(cls):
 _RENAMED = {"_QuasiPoisson": "QuasiPoisson"}  # gpvi.sklearn.estimators' private class, now gpvi.likelihoods'
 
 
-def known_classes():
+def _own_classes():
+    """gpvi's own component classes (those in the ``__all__`` of its kernels, likelihoods and
+    models) by name, with the old names of :data:`_RENAMED`, then the registered classes."""
     out = {}
     for mod in (kernels, likelihoods, models):
         for name in getattr(mod, "__all__", []):
@@ -49,15 +64,75 @@ def known_classes():
     return out
 
 
+def _kernel_subclasses() -> dict[str, list[type]]:
+    """The subclasses of :class:`gpvi.kernels.Kernel` defined outside gpvi.kernels (a user's
+    kernels), by class name.  (JAX's pytree registry holds every one, so a class once defined
+    stays here, even when defined again.)"""
+    found: dict[str, list[type]] = {}
+    seen: set[type] = set()
+    todo = [kernels.Kernel]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            if sub in seen:
+                continue
+            seen.add(sub)
+            todo.append(sub)
+            if sub.__module__ != kernels.__name__:
+                found.setdefault(sub.__name__, []).append(sub)
+    return found
+
+
+def _where(cls) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _discovered(own: dict) -> tuple[dict, dict]:
+    """``(unique, clashing)``: the class each name of a user's Kernel subclass means (the latest
+    definition, where all classes of that name have one module and qualified name), and, by name,
+    the classes that share a name with a different Kernel subclass or with a class of ``own``."""
+    unique, clashing = {}, {}
+    for name, classes in _kernel_subclasses().items():
+        if name in own:
+            others = [c for c in classes if c is not own[name]]
+            if others:
+                clashing[name] = [own[name]] + others
+        elif len({_where(c) for c in classes}) > 1:
+            clashing[name] = classes
+        else:
+            unique[name] = max(classes, key=lambda c: getattr(c, "_gpvi_defined", -1))
+    return unique, clashing
+
+
+def known_classes():
+    """The classes a model file may name, by name: gpvi's own, the registered ones and every
+    user's :class:`~gpvi.kernels.Kernel` subclass whose name is its own (see the module)."""
+    own = _own_classes()
+    unique, _ = _discovered(own)
+    return {**unique, **own}
+
+
+def _clash_message(name, classes, action):
+    shown = ", ".join(_where(c) for c in classes)
+    return (f"cannot {action} class {name}: a model file names a class by its name, and {len(classes)} different "
+            f"classes are called {name} ({shown}); rename your kernel class, or call gpvi.io.register on the "
+            f"one that {name} should mean (before saving and before loading)")
+
+
 def encode(obj, arrays, path):
     """Module → JSON-able dict; arrays go to ``arrays`` under dotted keys."""
     if isinstance(obj, Module):
         cls = type(obj)
         if known_classes().get(cls.__name__) is not cls:
-            raise ValueError(
-                f"cannot save {cls.__name__}: only gpvi's own classes are saved by default; "
-                "call gpvi.io.register(YourClass) first (and again before loading)"
-            )
+            unique, clashing = _discovered(_own_classes())
+            if cls in clashing.get(cls.__name__, ()):
+                raise ValueError(_clash_message(cls.__name__, clashing[cls.__name__], "save"))
+            if cls.__name__ in unique:
+                raise ValueError(f"cannot save {_where(cls)}: the class has been defined again since this object was "
+                                 f"built, and a model file names a class by its name, which now means the latest "
+                                 f"definition; build the object again from the latest {cls.__name__}")
+            raise ValueError(f"cannot save {cls.__name__}: only gpvi's own classes and subclasses of "
+                             "gpvi.kernels.Kernel are saved by default; call gpvi.io.register(YourClass) first (and "
+                             "again before loading)")
         fields = {}
         for f in dataclasses.fields(obj):
             fields[f.name] = encode(getattr(obj, f.name), arrays, f"{path}.{f.name}")
@@ -90,6 +165,10 @@ def decode(spec, arrays):
     if "class" in spec:
         name, fields = spec["class"], spec["fields"]
         cls = known_classes().get(name) if isinstance(name, str) else None
+        if cls is None and isinstance(name, str):
+            _, clashing = _discovered(_own_classes())
+            if name in clashing:
+                raise ValueError(_clash_message(name, clashing[name], "load"))
         if cls is None:
             raise ValueError(f"model file uses unknown class {short(name)} "
                              "(register it with gpvi.io.register before loading)")

@@ -197,9 +197,13 @@ def check_offset(offset, N, name="offset"):
 
 
 def learnable_parameters(model: Model, learn_inducing: bool = False) -> list[str]:
-    """Dotted names of the parameters :func:`gpvi.fit` learns by default."""
+    """Dotted names of the parameters :func:`gpvi.fit` learns by default: every parameter that is
+    not fixed, less the inducing inputs and inducing lengthscales at any depth (``inducing``,
+    ``latents.0.inducing``, ``kernel.kernel.inducing_lengthscale``) unless ``learn_inducing``.
+    (Before, only the top-level names were left out, so a sparse ``MultiLatent`` learned its
+    inducing inputs whatever ``learn_inducing`` said.)"""
     return [n for n, t in model.transforms().items()
-            if t != "fixed" and (learn_inducing or n not in ("inducing", "kernel.inducing_lengthscale"))]
+            if t != "fixed" and (learn_inducing or n.rsplit(".", 1)[-1] not in ("inducing", "inducing_lengthscale"))]
 
 
 def _inducing_parameters(model: Model) -> list[str]:
