@@ -16,6 +16,7 @@ import pytest
 
 import gpvi
 from gpvi.cli import main
+from clitools import assert_bad_input, run  # noqa: E402
 
 
 def write_csv(path, header, rows):
@@ -32,20 +33,6 @@ def read_csv(path):
     return rows[0], rows[1:]
 
 
-def run(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_bad_input(rc, err, *needles):
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("gpvi: error: ")
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 # --------------------------------------------------------------------------------------- data

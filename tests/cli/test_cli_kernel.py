@@ -7,7 +7,7 @@ import pytest
 
 import gpvi
 from gpvi import kernels as K
-from gpvi.cli import main
+from clitools import assert_bad_input, run  # noqa: E402
 
 
 def _csv(path, X, y):
@@ -19,20 +19,6 @@ def _csv(path, X, y):
     return path
 
 
-def run(capsys, *argv):
-    rc = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_bad_input(rc, err, *needles):
-    assert rc == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("gpvi: error: ")
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
 
 
 @pytest.fixture(scope="module")
