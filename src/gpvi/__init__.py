@@ -30,6 +30,7 @@ from gpvi.likelihoods import softmax, warped  # noqa: E402
 from gpvi.models.multilatent import MultiLatent  # noqa: E402
 from gpvi.likelihoods.softmax import Softmax  # noqa: E402
 from gpvi.likelihoods.warped import Warped  # noqa: E402
+from gpvi.likelihoods.heteroscedastic import HeteroscedasticGaussian  # noqa: E402
 
 from gpvi.data import stream  # noqa: E402
 from gpvi.fitting.stream import fit_stream  # noqa: E402
@@ -55,5 +56,5 @@ __all__ = [
     "kernels", "priors", "likelihoods", "engines", "metrics", "learnable_parameters", "Module", "param",
     "static", "io", "diagnostics", "stream", "fit_stream", "GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor",
     "montecarlo", "MonteCarlo", "warped", "Warped", "pointprocess", "multilatent", "MultiLatent",
-    "softmax", "Softmax", "HangError", "set_watchdog", "clear_compilation_cache",
+    "softmax", "Softmax", "HeteroscedasticGaussian", "HangError", "set_watchdog", "clear_compilation_cache",
 ]

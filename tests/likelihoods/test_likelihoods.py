@@ -243,6 +243,12 @@ def _softmax_log_prob(y, f):
     return fy - special.logsumexp(f, axis=-1)
 
 
+def _hetero_log_prob(y, f):
+    """log N(y | f₀, exp(2 f₁)), written out."""
+    f = np.asarray(f, float)
+    return -0.5 * np.log(2 * np.pi) - f[..., 1] - 0.5 * (np.asarray(y, float) - f[..., 0]) ** 2 * np.exp(-2 * f[..., 1])
+
+
 def _warped_log_prob(y, f):
     y = np.asarray(y, float)
     u = W_B * (y[..., None] + W_C)
@@ -358,6 +364,13 @@ SWEEP = {
          # 10-node rule written here agrees to rounding (test_softmax_is_the_documented_product_rule).
          Check("10 nodes per class, v ≤ 5: the rule's own error (measured ≤ 3.7e-4 relative)", "all", 1e-3, 1e-6)),
         num_latents=C3),
+    "heteroscedastic": Case(
+        L.HeteroscedasticGaussian(), (-1.3, 0.4, 2.1), _hetero_log_prob,
+        lambda Y, M, V: _product_moments(_hetero_log_prob, Y, M, V)[0],
+        # log p is quadratic in f₀ (exact with 40 nodes) and e^{−2 f₁} needs ~(2√v)²/2 ≈ 10 < 40
+        # nodes' worth of terms at v = 5: the reference is converged to ~1e-8 relative there
+        (Check("closed form against the 40-node product rule on log p", "all", 1e-7, 1e-8),),
+        num_latents=2),
     "warped": Case(
         L.Warped(L.Gaussian(variance=W_S2), a=W_A, b=W_B, c=W_C), (-1.3, 0.4, 2.1), _warped_log_prob,
         _quad_expected(_warped_log_prob), _EXACT_CHECKS),
