@@ -188,3 +188,125 @@ def test_default_classifier_keeps_breast_cancer_hyperparameters_sane():
     k = clf.fit_result_.model.kernel
     assert float(k.variance) < 200 and float(np.max(k.lengthscale)) < 1e3
     assert log_loss(y[te], clf.predict_proba(X[te])) < 0.12
+
+
+# ---- Gamma and HalfNormal (issue 33: priors as a user-facing API) ----------------------------
+
+@pytest.mark.parametrize("prior, dist", [
+    (priors.Gamma(2.5, 4.0), scipy.stats.gamma(a=2.5, scale=1 / 4.0)),
+    (priors.Gamma(0.7, 0.3), scipy.stats.gamma(a=0.7, scale=1 / 0.3)),
+    (priors.HalfNormal(0.8), scipy.stats.halfnorm(scale=0.8)),
+    (priors.HalfNormal(3.0), scipy.stats.halfnorm(scale=3.0)),
+])
+def test_positive_priors_are_scipys_density_of_theta_plus_the_jacobian(prior, dist):
+    """log p(u) = log p_θ(e^u) + u, summed over the elements; its gradient by finite differences."""
+    assert prior.transform == "positive"
+    u = np.array([-2.1, -0.4, 0.3, 1.6])
+    v, g = prior.log_density(u)
+    assert v == pytest.approx(np.sum(dist.logpdf(np.exp(u)) + u), rel=1e-13)
+    assert np.shape(g) == u.shape
+    h = 1e-6
+    fd = [(prior.log_density(u + h * e)[0] - prior.log_density(u - h * e)[0]) / (2 * h) for e in np.eye(4)]
+    np.testing.assert_allclose(g, fd, rtol=1e-7, atol=1e-9)
+    # a scalar parameter: value and a 0-d gradient
+    v0, g0 = prior.log_density(0.3)
+    assert v0 == pytest.approx(dist.logpdf(math.exp(0.3)) + 0.3, rel=1e-13) and np.shape(g0) == ()
+    # under the prior alone the search's maximiser (in u = log θ) is α/β for Gamma, σ for HalfNormal
+    best = (prior.concentration / prior.rate) if isinstance(prior, priors.Gamma) else prior.scale
+    assert float(prior.log_density(math.log(best))[1]) == pytest.approx(0.0, abs=1e-12)
+    # and it integrates to one over u (a proper density in the search's coordinate)
+    from scipy.integrate import quad
+    assert quad(lambda t: math.exp(prior.log_density(t)[0]), -40, 10, limit=200)[0] == pytest.approx(1.0, rel=1e-8)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: priors.Gamma(0.0, 1.0), "Gamma: concentration must be positive"),
+    (lambda: priors.Gamma(1.0, -2.0), "Gamma: rate must be positive"),
+    (lambda: priors.Gamma(float("inf"), 1.0), "Gamma: concentration must be a finite number"),
+    (lambda: priors.Gamma(1.0, "2"), "Gamma: rate must be a finite number"),
+    (lambda: priors.Gamma(True, 1.0), "Gamma: concentration must be a finite number"),
+    (lambda: priors.HalfNormal(0.0), "HalfNormal: scale must be positive"),
+    (lambda: priors.HalfNormal(float("nan")), "HalfNormal: scale must be a finite number"),
+])
+def test_bad_gamma_and_half_normal_parameters_are_refused(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_new_priors_in_json_and_the_old_format_unchanged():
+    hp = {"kernel.variance": priors.Gamma(2.0, 0.5), "likelihood.variance": priors.HalfNormal(0.3),
+          "kernel.lengthscale": priors.LogNormal(0.1, 1.5), "mean": priors.Normal(-1.0, 2.0)}
+    spec = priors.to_json(hp)
+    assert spec["kernel.variance"] == {"prior": "Gamma", "concentration": 2.0, "rate": 0.5}
+    assert spec["likelihood.variance"] == {"prior": "HalfNormal", "scale": 0.3}
+    assert spec["kernel.lengthscale"] == {"prior": "LogNormal", "loc": 0.1, "scale": 1.5}  # as files always had
+    assert spec["mean"] == {"prior": "Normal", "loc": -1.0, "scale": 2.0}
+    import json
+    assert priors.from_json(json.loads(json.dumps(spec))) == hp
+    assert priors.Gamma(2.0, 0.5) != priors.Gamma(2.0, 0.6) and priors.HalfNormal(1.0) != priors.Normal(0.0, 1.0)
+    with pytest.raises(ValueError, match="Gamma needs concentration, rate"):
+        priors.from_json({"kernel.variance": {"prior": "Gamma", "concentration": 2.0}})
+    with pytest.raises(ValueError, match="unknown prior"):
+        priors.from_json({"kernel.variance": {"prior": "Beta", "a": 1.0}})
+
+
+def test_positive_priors_are_checked_against_the_parameter_transform():
+    X, y = _regression(20)
+    model = gpvi.GP(gpvi.kernels.RBF(), gpvi.likelihoods.Gaussian(), mean=0.0)
+    for p in (priors.Gamma(2.0, 1.0), priors.HalfNormal(1.0)):
+        with pytest.raises(ValueError, match="use gpvi.priors.Normal"):
+            gpvi.fit(model, X, y, learn_hyperparameters=True, hyperprior={"mean": p})
+    with pytest.raises(ValueError, match="LogNormal, Gamma or HalfNormal"):
+        gpvi.fit(model, X, y, learn_hyperparameters=True, hyperprior={"kernel.variance": priors.Normal()})
+
+
+def _numpy_log_marginal(X, y, variance, lengthscale, noise, jitter=1e-8):
+    """Exact log marginal likelihood of a zero-mean full GP with an RBF kernel (NumPy only)."""
+    d2 = (X[:, None, 0] - X[None, :, 0]) ** 2
+    K = variance * np.exp(-0.5 * d2 / lengthscale ** 2)
+    K = K + (jitter * np.mean(np.diag(K)) + noise) * np.eye(len(y))
+    L = np.linalg.cholesky(K)
+    a = np.linalg.solve(L, y)
+    return float(-0.5 * a @ a - np.sum(np.log(np.diag(L))) - 0.5 * len(y) * math.log(2 * math.pi))
+
+
+@pytest.mark.parametrize("name, prior", [
+    ("kernel.lengthscale", priors.Gamma(20.0, 5.0)),     # pulls ℓ towards α/β = 4
+    ("likelihood.variance", priors.HalfNormal(0.02)),    # pulls the noise variance down to ~0.02
+    ("kernel.variance", priors.Gamma(3.0, 1.0)),         # pulls the signal variance up to ~3
+])
+def test_map_with_gamma_and_half_normal_priors_matches_an_independent_optimum(name, prior):
+    """A full GP with a Gaussian likelihood, one parameter learned: the bound is the exact log
+    marginal likelihood, so gpvi.fit's MAP must be the maximiser over u = log θ of a NumPy log
+    marginal likelihood plus the prior (with its Jacobian, the docstrings' log p(u)), found here by
+    scipy's bounded scalar search; and the prior moves the answer from the no-prior fit towards
+    the prior's own maximiser."""
+    X, y = _regression()
+    base = {"kernel.variance": 1.0, "kernel.lengthscale": 1.0, "likelihood.variance": 0.1}
+    model = gpvi.GP(gpvi.kernels.RBF(variance=1.0, lengthscale=1.0), gpvi.likelihoods.Gaussian(variance=0.1), mean=0.0)
+    res = gpvi.fit(model, X, y, learn_hyperparameters=[name], hyperprior={name: prior}, tol=1e-12)
+    free = gpvi.fit(model, X, y, learn_hyperparameters=[name], tol=1e-12)
+    assert res.converged and free.converged
+    learned, unpriored = (float(np.asarray(r.model.parameters()[name])) for r in (res, free))
+
+    def lml(u):
+        theta = dict(base, **{name: math.exp(u)})
+        return _numpy_log_marginal(X, y, theta["kernel.variance"], theta["kernel.lengthscale"],
+                                   theta["likelihood.variance"])
+
+    opts = dict(method="bounded", bounds=(-8.0, 4.0), options=dict(xatol=1e-10))
+    u_map = scipy.optimize.minimize_scalar(lambda u: -(lml(u) + prior.log_density(u)[0]), **opts).x
+    u_ml = scipy.optimize.minimize_scalar(lambda u: -lml(u), **opts).x
+    assert unpriored == pytest.approx(math.exp(u_ml), rel=1e-6)
+    assert learned == pytest.approx(math.exp(u_map), rel=1e-6)  # agreed to 3e-8
+    # the prior moved the answer, towards the value it favours
+    target = prior.concentration / prior.rate if isinstance(prior, priors.Gamma) else prior.scale
+    assert abs(math.log(learned / unpriored)) > 0.05
+    assert np.sign(learned - unpriored) == np.sign(target - unpriored)
+    assert abs(math.log(learned / target)) < abs(math.log(unpriored / target))
+    # the VLB reported is the bound at the learned value (here the exact log marginal
+    # likelihood), and extras["log_prior"] is the prior's log p(u) there: they sum to the objective
+    assert res.vlb == pytest.approx(lml(math.log(learned)), abs=1e-6)
+    assert res.extras["log_prior"] == pytest.approx(prior.log_density(math.log(learned))[0], rel=1e-10)
+    assert res.vlb + res.extras["log_prior"] >= free.vlb + prior.log_density(math.log(unpriored))[0] - 1e-8
+    assert res.vlb <= free.vlb + 1e-9 and "log_prior" not in free.extras

@@ -3,24 +3,33 @@
 A hyperprior is a dict from parameter names to priors, given to :func:`gpvi.fit` as
 ``hyperprior=``; the names are the dotted names of :func:`gpvi.learnable_parameters`, and a
 ``*`` segment (``"latents.*.kernel.variance"``) gives every matching parameter the same prior.
-Each prior is a normal density on the parameter's *unconstrained* value ``u``, the coordinate
-the search moves in (``u = log θ`` for positive parameters, ``u = θ`` for unconstrained ones):
+
+Every prior is evaluated as a density on the parameter's *unconstrained* value ``u``, the
+coordinate the search moves in (``u = log θ`` for positive parameters, ``u = θ`` for
+unconstrained ones), and the search maximises ``VLB + Σ log p(u)`` over ``u``.  For a positive
+parameter this includes the Jacobian of ``θ = e^u``: ``log p(u) = log p_θ(e^u) + u``, so the
+maximiser is the mode of the posterior of ``log θ`` (not of ``θ``), and under the prior alone it is
+the value given for each class below (the median ``exp(loc)`` for LogNormal, the mean ``α/β`` for
+Gamma, ``σ`` for HalfNormal), not the mode of ``p_θ``.
 
 - :class:`LogNormal` ``(loc, scale)`` for positive parameters (variances, lengthscales, noise
-  scales): ``log θ ~ N(loc, scale²)``.  As a density over ``θ`` this is the log-normal; because
-  the search moves in ``log θ``, the maximum it finds is the mode of ``log θ``'s posterior
-  (the Jacobian of ``θ = exp u`` is included), which is ``exp(loc)`` under the prior alone.
+  scales): ``log θ ~ N(loc, scale²)``, i.e. ``log p(u) = log N(u | loc, scale²)``.
+- :class:`Gamma` ``(concentration α, rate β)`` for positive parameters:
+  ``p_θ(θ) = β^α θ^{α−1} e^{−βθ} / Γ(α)``, so ``log p(u) = α log β − log Γ(α) + α u − β e^u``.
+- :class:`HalfNormal` ``(scale σ)`` for positive parameters:
+  ``p_θ(θ) = √(2/π)/σ · exp(−θ²/(2σ²))``, so ``log p(u) = ½ log(2/π) − log σ + u − e^{2u}/(2σ²)``.
 - :class:`Normal` ``(loc, scale)`` for unconstrained parameters (a constant prior mean, a slope).
 
 Priors act only on the parameters being learned; the value a fit reports as its VLB (and its
-trace) stays the VLB, and the prior's value at the end is ``FitResult.extras["log_prior"]``.
+trace) stays the VLB, and the prior's value at the end is ``FitResult.extras["log_prior"]`` (the
+sum of the ``log p(u)`` above, Jacobians included), so the maximised objective is
+``FitResult.vlb + extras["log_prior"]``.
 :func:`weak` builds the front ends' default (see :mod:`gpvi.fitting.defaults`): weakly
 informative log-normal priors on the kernel variances and lengthscales, and on a regression's
 noise, scaled to standardised data.
 
-The log density and its gradient are closed forms evaluated in NumPy (no compiled program):
-``log p(u) = −½((u − loc)/scale)² − log(scale·√(2π))`` summed over a parameter's elements
-(and over the parameters a tied name stands for).
+The log densities and their gradients are closed forms evaluated in NumPy (no compiled program),
+summed over a parameter's elements (and over the parameters a tied name stands for).
 """
 from __future__ import annotations
 
@@ -31,13 +40,24 @@ import numpy as np
 
 from gpvi._module import Module, matching_parameters
 
-__all__ = ["Prior", "Normal", "LogNormal", "weak", "check_hyperprior", "LogPrior", "to_json", "from_json"]
+__all__ = ["Prior", "Normal", "LogNormal", "Gamma", "HalfNormal", "weak", "check_hyperprior", "LogPrior",
+           "to_json", "from_json"]
+
+
+def _check_number(owner, name, v, positive=False):
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(float(v)):
+        raise ValueError(f"{owner}: {name} must be a finite number, got {v!r}")
+    if positive and float(v) <= 0:
+        raise ValueError(f"{owner}: {name} must be positive, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Prior:
     """A normal density ``N(loc, scale²)`` on a parameter's unconstrained value (the base of
-    :class:`Normal` and :class:`LogNormal`, which differ in the transform they accept)."""
+    every prior: :class:`Normal` and :class:`LogNormal` are this density and differ in the
+    transform they accept; :class:`Gamma` and :class:`HalfNormal` override
+    :meth:`log_density` and their fields)."""
 
     loc: float = 0.0
     scale: float = 1.0
@@ -46,10 +66,7 @@ class Prior:
 
     def __post_init__(self):
         for name in ("loc", "scale"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(float(v)):
-                raise ValueError(f"{type(self).__name__}: {name} must be a finite number, got {v!r}")
+            _check_number(type(self).__name__, name, getattr(self, name))
         if float(self.scale) <= 0:
             raise ValueError(f"{type(self).__name__}: scale must be positive, got {self.scale!r}")
 
@@ -67,9 +84,70 @@ class Normal(Prior):
 
 class LogNormal(Prior):
     """``log θ ~ N(loc, scale²)`` for a positive parameter: median ``exp(loc)``, and a factor
-    ``exp(1.96·scale)`` either side of it holds 95 % of the prior mass."""
+    ``exp(1.96·scale)`` either side of it holds 95 % of the prior mass.  The search maximises
+    ``log N(u | loc, scale²)`` in ``u = log θ`` (the log-normal density of θ times the Jacobian θ),
+    whose maximiser under the prior alone is ``θ = exp(loc)``."""
 
     transform = "positive"
+
+
+@dataclasses.dataclass(frozen=True)
+class Gamma(Prior):
+    """``θ ~ Gamma(concentration α, rate β)`` for a positive parameter (mean ``α/β``, variance
+    ``α/β²``; SciPy's ``gamma(a=α, scale=1/β)``).
+
+    Evaluated in the search's coordinate ``u = log θ`` with the Jacobian of ``θ = e^u``:
+    ``log p(u) = α log β − log Γ(α) + α u − β e^u`` (the Gamma log density at ``e^u`` plus ``u``),
+    ``d log p/du = α − β e^u``.  This is what the search adds to the VLB and what
+    ``extras["log_prior"]`` reports; under the prior alone its maximiser is ``θ = α/β`` (the
+    mean), not the mode ``(α − 1)/β`` of the density over θ.  Both arguments are finite numbers > 0.
+    """
+
+    loc: float = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    scale: float = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    concentration: float = 1.0
+    rate: float = 1.0
+    transform = "positive"
+
+    def __post_init__(self):
+        for name in ("concentration", "rate"):
+            _check_number(type(self).__name__, name, getattr(self, name), positive=True)
+
+    def log_density(self, u):
+        """``(Σ α log β − log Γ(α) + α u − β e^u, α − β e^u)`` for ``u = log θ``."""
+        u = np.asarray(u, np.float64)
+        a, b = float(self.concentration), float(self.rate)
+        e = np.exp(u)
+        const = a * math.log(b) - math.lgamma(a)
+        return float(np.sum(const + a * u - b * e)), a - b * e
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfNormal(Prior):
+    """``θ ~ HalfNormal(scale σ)`` for a positive parameter: the density
+    ``√(2/π)/σ · exp(−θ²/(2σ²))`` on θ > 0 (SciPy's ``halfnorm(scale=σ)``; mean ``σ√(2/π)``).
+
+    Evaluated in the search's coordinate ``u = log θ`` with the Jacobian of ``θ = e^u``:
+    ``log p(u) = ½ log(2/π) − log σ + u − e^{2u}/(2σ²)``, ``d log p/du = 1 − e^{2u}/σ²``.  This is
+    what the search adds to the VLB and what ``extras["log_prior"]`` reports; under the prior alone
+    its maximiser is ``θ = σ`` (the density over θ itself is largest at 0).  ``scale`` is a finite
+    number > 0.
+    """
+
+    loc: float = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    scale: float = 1.0
+    transform = "positive"
+
+    def __post_init__(self):
+        _check_number(type(self).__name__, "scale", self.scale, positive=True)
+
+    def log_density(self, u):
+        """``(Σ ½ log(2/π) − log σ + u − e^{2u}/(2σ²), 1 − e^{2u}/σ²)`` for ``u = log θ``."""
+        u = np.asarray(u, np.float64)
+        s = float(self.scale)
+        e2 = np.exp(2.0 * u) / (s * s)
+        const = 0.5 * math.log(2.0 / math.pi) - math.log(s)
+        return float(np.sum(const + u - 0.5 * e2)), 1.0 - e2
 
 
 def check_hyperprior(model: Module, hyperprior) -> dict:
@@ -81,21 +159,22 @@ def check_hyperprior(model: Module, hyperprior) -> dict:
         return {}
     if not isinstance(hyperprior, dict):
         raise ValueError("hyperprior must be None or a dict of parameter name -> prior (gpvi.priors.LogNormal, "
-                         f"gpvi.priors.Normal), got {type(hyperprior).__name__}")
+                         f"Gamma, HalfNormal or Normal), got {type(hyperprior).__name__}")
     trans = model.transforms()
     out = {}
     for name, prior in hyperprior.items():
         if not isinstance(name, str):
             raise ValueError(f"hyperprior: keys must be parameter names (str), got {name!r}")
         if not isinstance(prior, Prior):
-            raise ValueError(f"hyperprior[{name!r}] must be a gpvi.priors.LogNormal or Normal, got {prior!r}")
+            raise ValueError(f"hyperprior[{name!r}] must be a gpvi.priors.LogNormal, Gamma, HalfNormal or Normal, "
+                             f"got {prior!r}")
         paths = matching_parameters(model, name)
         if not paths:
             raise ValueError(f"hyperprior: {name!r} names no parameter of {type(model).__name__}; "
                              f"known: {sorted(trans)}")
         for p in paths:
             if trans[p] != prior.transform:
-                want = {"positive": "LogNormal", "real": "Normal"}.get(trans[p])
+                want = {"positive": "LogNormal, Gamma or HalfNormal", "real": "Normal"}.get(trans[p])
                 hint = f"use gpvi.priors.{want}" if want else "no prior is available for it"
                 raise ValueError(f"hyperprior[{name!r}]: {type(prior).__name__} does not fit parameter {p!r} "
                                  f"(transform {trans[p]!r}); {hint}")
@@ -182,21 +261,37 @@ def weak(model: Module, *, noise: bool = False, dimensions: int = 1) -> dict:
     return out
 
 
-_KINDS = {"Normal": Normal, "LogNormal": LogNormal}
+_KINDS = {"Normal": Normal, "LogNormal": LogNormal, "Gamma": Gamma, "HalfNormal": HalfNormal}
+
+#: the fields each prior is saved with (Normal and LogNormal as files have always had them)
+_FIELDS = {Normal: ("loc", "scale"), LogNormal: ("loc", "scale"), Gamma: ("concentration", "rate"),
+           HalfNormal: ("scale",)}
 
 
 def to_json(hyperprior: dict) -> dict:
-    """A hyperprior as JSON-ready values (for model files): name → ``{"prior", "loc", "scale"}``."""
-    return {name: {"prior": type(p).__name__, "loc": float(p.loc), "scale": float(p.scale)}
-            for name, p in hyperprior.items()}
+    """A hyperprior as JSON-ready values (for model files): name → ``{"prior", <its fields>}``
+    (``loc``, ``scale`` for Normal and LogNormal; ``concentration``, ``rate`` for Gamma;
+    ``scale`` for HalfNormal).  A ``ValueError`` for a prior of another class."""
+    out = {}
+    for name, p in hyperprior.items():
+        fields = _FIELDS.get(type(p))
+        if fields is None:
+            raise ValueError(f"hyperprior[{name!r}]: cannot save a prior of class {type(p).__name__}; "
+                             f"known: {sorted(_KINDS)}")
+        out[name] = {"prior": type(p).__name__, **{f: float(getattr(p, f)) for f in fields}}
+    return out
 
 
 def from_json(spec: dict) -> dict:
-    """Inverse of :func:`to_json`; a ``ValueError`` for an unknown prior."""
+    """Inverse of :func:`to_json`; a ``ValueError`` for an unknown prior or missing fields."""
     out = {}
     for name, entry in spec.items():
         kind = _KINDS.get(entry.get("prior") if isinstance(entry, dict) else None)
         if kind is None:
             raise ValueError(f"hyperprior[{name!r}]: unknown prior {entry!r}; known: {sorted(_KINDS)}")
-        out[name] = kind(entry["loc"], entry["scale"])
+        missing = [f for f in _FIELDS[kind] if f not in entry]
+        if missing:
+            raise ValueError(f"hyperprior[{name!r}]: {kind.__name__} needs {', '.join(_FIELDS[kind])}, "
+                             f"missing {', '.join(missing)} in {entry!r}")
+        out[name] = kind(*(entry[f] for f in _FIELDS[kind]))
     return out
