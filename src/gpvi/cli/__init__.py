@@ -3,6 +3,9 @@
 ``gpvi fit DATA --target COL --likelihood NAME`` fits a model to a CSV (or Parquet) file and
 writes a model file that also records the feature columns, their standardisation and the
 label coding, so that ``gpvi predict MODEL DATA`` applies the same preprocessing to new rows.
+Without ``--likelihood`` the likelihood is chosen from the target (:func:`_choose_likelihood`:
+class labels give bernoulli or, for 3 to 50 classes, softmax; other numbers gaussian) and a
+line says which.
 ``gpvi demo`` fits a Poisson sparse GP to the coal-mining disaster counts that ship with
 gpvi, with the ``fpi`` and ``gradient`` engines, and prints and plots the comparison.
 ``gpvi cache info`` shows the on-disk cache of compiled programs (directory, size, limit) and
@@ -38,7 +41,7 @@ from pathlib import Path
 import numpy as np
 from gpvi import kernels as _kernels
 from gpvi.fitting import defaults as _defaults
-from gpvi.cli.common import (OUTPUTS, CLI_FORMAT, CLI_VERSION, LIKELIHOODS, LOG_LINK, PARQUET_SUFFIXES, STANDARDISED_TARGET, UsageError, check_writable, default_out, describe_model, refuse_overwriting_input, remember_output, save_model, show_progress, split, support_error)
+from gpvi.cli.common import (AUTO_INTEGER_CLASSES, CLASSIFIERS, CLI_FORMAT, CLI_VERSION, LIKELIHOODS, LOG_LINK, MAX_CLASSES, MULTI_LATENT_ENGINES, OUTPUTS, PARQUET_SUFFIXES, STANDARDISED_TARGET, UsageError, check_writable, default_out, describe_model, file_version, refuse_overwriting_input, remember_output, save_model, show_progress, split, support_error)
 
 __all__ = ["main", "read_table", "LIKELIHOODS", "MODELS"]
 
@@ -47,7 +50,6 @@ EXIT_FIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
 MODELS = ("sparse", "full", "glm", "auto")  # the default: auto (gpvi.fitting.defaults.model_kind)
-CLASSIFIERS = ("bernoulli", "probit", "ordinal")
 # Cell values that mean "no value" (compared case-insensitively after stripping blanks): what
 # spreadsheets, R and pandas write for a missing cell.  "none" is not among them: it is a
 # plausible class label.
@@ -288,8 +290,31 @@ def _sort_labels(labels, numeric):
 # ---------------------------------------------------------------------------------------------
 # Targets and models
 # ---------------------------------------------------------------------------------------------
+def _shown(labels, n=6):
+    return ", ".join(repr(u) for u in labels[:n]) + (", …" if len(labels) > n else "")
+
+
+def _too_many_classes(target, uniq):
+    return UsageError(f"target column {target!r} has {len(uniq)} distinct labels ({_shown(uniq)}): more than the "
+                      f"{MAX_CLASSES} classes softmax takes (one latent GP per class); for a numeric target give "
+                      "--likelihood gaussian, poisson or ordinal")
+
+
 def _encode_target(table, target, lik, levels=None, positive=None):
     """(y codes for gpvi.fit, labels list or None)."""
+    if lik == "softmax":
+        if levels or positive is not None:
+            raise UsageError("--levels and --positive do not apply to --likelihood softmax (its classes are "
+                             "the target's distinct labels, in sorted order)")
+        labels, numeric = _labels(table, target)
+        uniq = _sort_labels(labels, numeric)
+        if len(uniq) < 2:
+            raise UsageError(f"target column {target!r} has only one label {uniq[0]!r}: softmax needs at least two "
+                             "classes in the training data")
+        if len(uniq) > MAX_CLASSES:
+            raise _too_many_classes(target, uniq)
+        index = {lab: k for k, lab in enumerate(uniq)}
+        return np.array([float(index[v]) for v in labels]), uniq
     if lik in ("bernoulli", "probit"):
         if levels:
             raise UsageError("--levels applies to --likelihood ordinal; use --positive for bernoulli/probit")
@@ -299,9 +324,9 @@ def _encode_target(table, target, lik, levels=None, positive=None):
             if len(uniq) < 2:
                 raise UsageError(f"target column {target!r} has only one label {uniq[0]!r}: {lik} needs two "
                                  "classes in the training data")
-            shown = ", ".join(repr(u) for u in uniq[:6]) + (", …" if len(uniq) > 6 else "")
-            raise UsageError(f"target column {target!r} has {len(uniq)} distinct labels ({shown}) but {lik} needs "
-                             "exactly 2 (use --likelihood ordinal for ordered levels)")
+            raise UsageError(f"target column {target!r} has {len(uniq)} distinct labels ({_shown(uniq)}) but {lik} "
+                             "needs exactly 2 (use --likelihood softmax for several classes, ordinal for ordered "
+                             "levels)")
         if positive is not None:
             positive = _fmt_label(float(positive)) if numeric is not None and _is_number(positive) else positive
             if positive not in uniq:
@@ -342,9 +367,44 @@ def _encode_target(table, target, lik, levels=None, positive=None):
         return _numeric(table, target, "target column"), None
     except UsageError as err:
         if "non-numeric" in str(err):
-            raise UsageError(f"{err}: {lik} needs numbers (for class labels use bernoulli, probit or "
-                             "ordinal)") from None
+            raise UsageError(f"{err}: {lik} needs numbers (for class labels use bernoulli, probit, "
+                             "softmax or ordinal)") from None
         raise
+
+
+def _choose_likelihood(table, target, args):
+    """``(likelihood name, why)`` for ``gpvi fit`` without --likelihood: ordinal with --levels,
+    bernoulli with --positive; otherwise from the target's values: text labels are classes (two:
+    bernoulli, three to :data:`MAX_CLASSES`: softmax); numbers that are all integers with at
+    most :data:`AUTO_INTEGER_CLASSES` distinct values are class labels too; any other numbers
+    are a gaussian regression target.  ``why`` is the one line ``gpvi fit`` prints."""
+    if args.exposure:
+        raise UsageError("--exposure needs --likelihood poisson or exponential")
+    if split(args.levels):
+        return "ordinal", "--levels given"
+    if args.positive is not None:
+        return "bernoulli", "--positive given"
+    labels, numeric = _labels(table, target)
+    uniq = _sort_labels(labels, numeric)
+    if len(uniq) < 2:
+        raise UsageError(f"target column {target!r} has only one value {uniq[0]!r}: there is nothing to learn "
+                         "(a classifier needs two classes)")
+    if numeric is None:
+        what = f"{len(uniq)} distinct text labels"
+    elif np.all(numeric == np.round(numeric)) and len(uniq) <= AUTO_INTEGER_CLASSES:
+        what = f"{len(uniq)} distinct integer labels (at most {AUTO_INTEGER_CLASSES} are taken for classes)"
+    else:
+        return "gaussian", (f"target {target!r} holds numbers with {len(uniq)} distinct values, so gaussian "
+                            "regression (give --likelihood poisson for counts, studentt or laplace for heavy "
+                            "tails)")
+    if len(uniq) > MAX_CLASSES:
+        raise _too_many_classes(target, uniq)
+    classes = f" ({_shown(uniq)})"
+    if len(uniq) == 2:
+        return "bernoulli", f"target {target!r} has {what}{classes}, so bernoulli (binary classification)"
+    return "softmax", (f"target {target!r} has {what}{classes}, so softmax (multiclass classification; give "
+                       "--likelihood ordinal for ordered levels" + (", poisson for counts" if numeric is not None
+                                                                     else "") + ")")
 
 
 def _is_number(s):
@@ -437,6 +497,14 @@ def cmd_fit(args) -> int:
         raise UsageError(f"{table.path} has no feature columns besides the target {target!r}")
 
     X = _features(table, features)
+    if lik_name is None:  # --likelihood not given: chosen from the target (_choose_likelihood)
+        lik_name, why = _choose_likelihood(table, target, args)
+        args.likelihood = lik_name
+        if not args.quiet:
+            print(f"gpvi fit: no --likelihood given: {why}", flush=True)
+    if lik_name == "softmax" and args.engine not in MULTI_LATENT_ENGINES:
+        raise UsageError(f"--likelihood softmax (one latent GP per class) runs on --engine "
+                         f"{' or '.join(MULTI_LATENT_ENGINES)}, not {args.engine}")
     y, labels = _encode_target(table, target, lik_name, split(args.levels), args.positive)
     if lik_name in STANDARDISED_TARGET:
         _check_magnitude(table, target, y, "target column")
@@ -479,7 +547,13 @@ def cmd_fit(args) -> int:
         if intercept:
             Xs = np.column_stack([Xs, np.ones(N)])
         latent_offset = mean0 if lik_name in LOG_LINK else 0.0  # the intercept takes a class base rate
-        model = gpvi.GLM(likelihood=likelihood, prior_variance=1.0)
+        if getattr(likelihood, "num_latents", 1) > 1:  # softmax: one GLM per class, each with its intercept
+            from gpvi.models.multilatent import MultiLatent
+
+            model = MultiLatent(tuple(gpvi.GLM(likelihood=None, prior_variance=1.0)
+                                      for _ in range(likelihood.num_latents)), likelihood)
+        else:
+            model = gpvi.GLM(likelihood=likelihood, prior_variance=1.0)
     else:
         M = None
         if kind == "sparse":
@@ -503,7 +577,7 @@ def cmd_fit(args) -> int:
                                    max_rounds=args.max_rounds, offset=offset, seed=args.seed,
                                    progress=show_progress(args), hyperprior=hyperprior)
     extra = {
-        "format": CLI_FORMAT, "version": CLI_VERSION, "model": kind, "likelihood": lik_name,
+        "format": CLI_FORMAT, "version": file_version(lik_name), "model": kind, "likelihood": lik_name,
         "target": target, "features": features, "x_mean": x_mean.tolist(), "x_scale": x_scale.tolist(),
         "y_mean": y_mean, "y_scale": y_scale, "labels": labels, "intercept": intercept,
         "latent_offset": latent_offset, "exposure": args.exposure or None, "data": str(args.data),
@@ -513,7 +587,11 @@ def cmd_fit(args) -> int:
     if not args.quiet:
         kernel_desc = None if kernel_spec is None else f"kernel {kernel_spec}" + (
             "" if args.ard is False else ", ARD")
-        _print_fit_summary(fit, extra, table, out, args.max_rounds, kernel_desc)
+        training = None
+        if lik_name in CLASSIFIERS:  # the training error rate, as gpvi predict reports it on test data
+            wrong = int(np.sum(np.argmax(fit.predict_proba(Xs, offset), axis=1) != y.astype(int)))
+            training = f"error rate {wrong / N:.4g} ({wrong} of {N} rows misclassified)"
+        _print_fit_summary(fit, extra, table, out, args.max_rounds, kernel_desc, training)
     return 0
 
 
@@ -538,7 +616,7 @@ def _fmt(v):
     return f"{float(v):.4g}"
 
 
-def _print_fit_summary(fit, extra, table, out, max_rounds, kernel_desc=None):
+def _print_fit_summary(fit, extra, table, out, max_rounds, kernel_desc=None, training=None):
     kind, lik = extra["model"], extra["likelihood"]
     features = extra["features"]
     described = describe_model(fit, kind)
@@ -559,25 +637,30 @@ def _print_fit_summary(fit, extra, table, out, max_rounds, kernel_desc=None):
     if fit.hyperparameter_rounds and fit.hyperparameter_rounds >= max_rounds:
         print(f"  note          the hyperparameter optimiser stopped at --max-rounds {max_rounds}; raise it for a better fit")
     print(f"  VLB           {fit.vlb:.6g} nats")
+    if training is not None:
+        print(f"  training      {training}")
     print(f"  time          {fit.seconds:.2f} s")
     print("  hyperparameters (features standardised" +
           ("; target standardised" if lik in STANDARDISED_TARGET else "") + ")")
+    rows = []  # (name, value text)
     for name, value in fit.model.parameters().items():
-        if name == "inducing":
+        if name == "inducing" or name.endswith(".inducing"):
             continue
         arr = np.atleast_1d(np.asarray(value, dtype=np.float64))
         if name.endswith("lengthscale") and arr.size == len(features) and arr.size > 1:
             if arr.size <= 10:
-                for f, v in zip(features, arr):
-                    print(f"    {name}[{f}]".ljust(36) + _fmt(v))
+                rows += [(f"{name}[{f}]", _fmt(v)) for f, v in zip(features, arr)]
             else:
                 lo, hi = int(np.argmin(arr)), int(np.argmax(arr))
-                print(f"    {name}".ljust(36) + f"{arr.size} values: min {_fmt(arr[lo])} ({features[lo]}), "
-                      f"median {_fmt(np.median(arr))}, max {_fmt(arr[hi])} ({features[hi]})")
+                rows.append((name, f"{arr.size} values: min {_fmt(arr[lo])} ({features[lo]}), "
+                                   f"median {_fmt(np.median(arr))}, max {_fmt(arr[hi])} ({features[hi]})"))
         elif arr.size == 1:
-            print(f"    {name}".ljust(36) + _fmt(arr[0]))
+            rows.append((name, _fmt(arr[0])))
         else:
-            print(f"    {name}".ljust(36) + "[" + ", ".join(_fmt(v) for v in arr) + "]")
+            rows.append((name, "[" + ", ".join(_fmt(v) for v in arr) + "]"))
+    width = max([32] + [len(name) + 2 for name, _ in rows])  # names of several latents run longer
+    for name, text in rows:
+        print(f"    {name.ljust(width)}{text}")
     print(f"wrote model to {out}")
 
 
@@ -644,6 +727,14 @@ def _check_cli_extra(extra: dict, fit, path):
     if labels is not None and not (isinstance(labels, list) and labels
                                    and all(isinstance(v, (str, int, float)) for v in labels)):
         raise damaged("'labels' must be null or a non-empty list of labels")
+    latents = getattr(getattr(fit.model, "likelihood", None), "num_latents", 1)
+    if extra["likelihood"] == "softmax":
+        if version < 2:
+            raise damaged(f"softmax models have command-line format version 2 or later, got {version}")
+        if not isinstance(labels, list) or len(labels) != latents or len(set(map(str, labels))) != len(labels):
+            raise damaged(f"'labels' must list the {latents} distinct classes of its softmax model")
+    elif latents != 1:
+        raise damaged(f"its model has {latents} latent functions but its likelihood is {extra['likelihood']!r}")
     if fit.input_dim is not None and fit.input_dim != len(feats) + extra["intercept"]:
         raise damaged(f"the model takes {fit.input_dim} inputs but the file names {len(feats)} feature column(s)"
                       + (" and an intercept" if extra["intercept"] else ""))
@@ -668,6 +759,12 @@ def _design(table, extra, model_path):
 def predict_columns(fit, extra, Xs, offset) -> dict:
     """The columns ``gpvi predict`` writes, as a dict of (N,) arrays / lists."""
     lik = extra["likelihood"]
+    if lik == "softmax":  # one probability per class and the most probable class (no mean of y)
+        labels = extra["labels"]
+        proba = np.asarray(fit.predict_proba(Xs, offset))
+        cols = {f"p_{lab}": proba[:, k] for k, lab in enumerate(labels)}
+        cols["label"] = [labels[k] for k in np.argmax(proba, axis=1)]
+        return cols
     lm, lv = fit.predict_f(Xs, offset)
     mean, var = fit.predict_y(Xs, offset)
     s, mu = extra["y_scale"], extra["y_mean"]
@@ -697,7 +794,9 @@ def _score(fit, extra, table, Xs, offset, cols):
             index = {lab: k for k, lab in enumerate(extra["labels"])}
             unknown = sorted(set(labels) - set(index))
             if unknown:
-                return f"target column {target!r} not scored: labels {unknown[:5]} unknown to the model"
+                rows = sum(v in set(unknown) for v in labels)
+                return (f"target column {target!r} not scored: {rows} row(s) have labels {_shown(unknown, 5)} that "
+                        f"are not among the model's classes ({_shown(extra['labels'], 8)})")
             codes = np.array([float(index[v]) for v in labels])
             err = float(np.mean(np.asarray(cols["label"]) != np.asarray(labels)))
             lpd = fit.log_predictive_density(Xs, codes, offset)
@@ -969,11 +1068,18 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fit", parents=[common], help="fit a model to a CSV or Parquet file and write a model file",
                        description="Fit a model to DATA (CSV with a header line, or Parquet). Features are "
                                    "standardised; every column except the target is a feature unless "
-                                   "--features/--drop say otherwise.")
+                                   "--features/--drop say otherwise. Without --likelihood it is chosen from the "
+                                   "target, and a line says which: text labels are classes (2: bernoulli; 3 to "
+                                   f"{MAX_CLASSES}: softmax); numbers that are all integers with at most "
+                                   f"{AUTO_INTEGER_CLASSES} distinct values are class labels too; other numbers "
+                                   "give gaussian regression (--levels implies ordinal, --positive bernoulli; "
+                                   "--stream and --exposure need --likelihood).")
     f.add_argument("data", metavar="DATA", help="CSV (.csv, .tsv, optionally .gz) or Parquet (.parquet) file")
     f.add_argument("-t", "--target", required=True, metavar="COL", help="the column to predict")
-    f.add_argument("-l", "--likelihood", required=True, type=_choice("likelihood", LIKELIHOODS), metavar="NAME",
-                   help="one of: " + ", ".join(LIKELIHOODS))
+    f.add_argument("-l", "--likelihood", type=_choice("likelihood", LIKELIHOODS), default=None, metavar="NAME",
+                   help="one of: " + ", ".join(LIKELIHOODS) + " (softmax: multiclass, one latent GP per class, "
+                        f"at most {MAX_CLASSES} classes, engines {' or '.join(MULTI_LATENT_ENGINES)}; "
+                        "default: chosen from the target, see above)")
     f.add_argument("-m", "--model", type=_choice("model", MODELS), default=None, metavar="KIND",
                    help="auto (default; sparse when --inducing is given): a full GP when N <= 1000 for gaussian, "
                         "laplace and studentt and N <= 500 for the other likelihoods, else sparse; or sparse GP, "
@@ -1027,8 +1133,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Predict at the rows of DATA with a model written by `gpvi fit`. Writes "
                                    "columns mean, variance (of y), latent_mean, latent_variance, and for "
                                    "bernoulli/probit/ordinal a probability column p_<label> per class and the "
-                                   "most probable label. When DATA has the target column, test metrics are "
-                                   "printed to stderr.")
+                                   "most probable label; for softmax the p_<label> columns and label only. When "
+                                   "DATA has the target column, test metrics (error rate and NLPD for classes) "
+                                   "are printed to stderr.")
     p.add_argument("model", metavar="MODEL", help="model file written by gpvi fit")
     p.add_argument("data", metavar="DATA", help="CSV or Parquet file with the model's feature columns")
     p.add_argument("-o", "--out", metavar="FILE", help="output file, CSV (or .parquet); default: stdout")

@@ -15,10 +15,36 @@ OUTPUTS: list[str] = []
 CLI_FORMAT = "gpvi-cli"
 
 
-CLI_VERSION = 1
+#: the newest command-line format version this gpvi reads; files are written with the oldest version
+#: that describes them (:func:`file_version`), so that an older gpvi keeps reading what it can
+CLI_VERSION = 2
 
 
-LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential")
+LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential",
+               "softmax")
+
+
+#: the likelihoods whose targets are class labels (stored as the model file's ``labels``)
+CLASSIFIERS = ("bernoulli", "probit", "ordinal", "softmax")
+
+
+#: most classes of a softmax model (one latent GP per class); more is refused
+MAX_CLASSES = 50
+
+
+#: without --likelihood, an integer target with at most this many distinct values is taken for
+#: class labels (2: bernoulli, more: softmax); more distinct values, or any non-integer: gaussian
+AUTO_INTEGER_CLASSES = 10
+
+
+#: the engines that fit a model with several latent functions (softmax)
+MULTI_LATENT_ENGINES = ("fpi", "gradient")
+
+
+def file_version(likelihood: str) -> int:
+    """The command-line format version a model file of ``likelihood`` is written with: 2 for
+    softmax (which gpvi before it cannot read: it then says "upgrade gpvi"), else 1."""
+    return 2 if likelihood == "softmax" else 1
 
 
 STANDARDISED_TARGET = ("gaussian", "laplace", "studentt")  # identity link: y is standardised for the fit
@@ -143,8 +169,12 @@ def save_model(fit, out: Path, extra: dict):
 
 
 def describe_model(fit, kind):
+    latents = getattr(fit.model, "latents", None)  # MultiLatent (softmax): one latent per class
+    per_class = "" if latents is None else f", {len(latents)} latent functions (one per class)"
     if kind == "sparse":
-        return f"sparse GP ({np.shape(fit.model.inducing)[0]} inducing inputs, RBF ARD kernel)"
+        inducing = fit.model.inducing if latents is None else latents[0].inducing
+        each = "" if latents is None else " each"
+        return f"sparse GP ({np.shape(inducing)[0]} inducing inputs{each}, RBF ARD kernel){per_class}"
     if kind == "full":
-        return "full GP (RBF ARD kernel)"
-    return "Bayesian GLM"
+        return f"full GP (RBF ARD kernel){per_class}"
+    return f"Bayesian GLM{per_class}"

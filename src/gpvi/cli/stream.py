@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpvi.cli.common import (CLI_FORMAT, CLI_VERSION, LOG_LINK, PARQUET_SUFFIXES, STANDARDISED_TARGET, UsageError, check_writable, default_out, describe_model, make_likelihood, refuse_overwriting_input, remember_output, save_model, show_progress, split, support_error)
+from gpvi.cli.common import (CLI_FORMAT, LOG_LINK, PARQUET_SUFFIXES, STANDARDISED_TARGET, UsageError, check_writable, default_out, describe_model, file_version, make_likelihood, refuse_overwriting_input, remember_output, save_model, show_progress, split, support_error)
 
 
 def cmd_fit_stream(args) -> int:
@@ -25,6 +25,12 @@ def cmd_fit_stream(args) -> int:
     engine = args.engine or "sfp"
     if engine not in gpvi.engines.names(streams=True):
         raise UsageError(f"--stream needs --engine {' or '.join(gpvi.engines.names(streams=True))}, not {engine}")
+    if args.likelihood is None:
+        raise UsageError("--stream needs --likelihood: it is chosen from the target only when the whole file is "
+                         "read (without --stream)")
+    if args.likelihood == "softmax":
+        raise UsageError("--stream does not support --likelihood softmax (multiclass) yet: the stochastic engines "
+                         "fit one latent function; fit in memory without --stream")
     if args.likelihood == "ordinal":
         raise UsageError("--stream does not support ordinal targets yet (fit in memory without --stream)")
     if args.exposure:
@@ -150,7 +156,7 @@ def cmd_fit_stream(args) -> int:
     if fit.extras.get("interrupted"):
         raise KeyboardInterrupt  # the command's usual Ctrl-C exit (130), no model file
     extra = {
-        "format": CLI_FORMAT, "version": CLI_VERSION, "model": kind, "likelihood": lik_name,
+        "format": CLI_FORMAT, "version": file_version(lik_name), "model": kind, "likelihood": lik_name,
         "target": target, "features": features, "x_mean": x_mean.tolist(), "x_scale": x_scale.tolist(),
         "y_mean": y_mean, "y_scale": y_scale, "labels": labels, "intercept": intercept,
         "latent_offset": latent_offset, "exposure": None, "data": str(args.data),
