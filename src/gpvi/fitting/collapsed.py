@@ -45,7 +45,7 @@ from gpvi.models.base import GLM, GP, SparseGP, check_X
 from gpvi.objective import make_chunks
 from gpvi._watchdog import paused
 
-__all__ = ["applies", "collapsed_bound", "learn"]
+__all__ = ["applies", "collapsed_bound", "learn", "stop_message"]
 
 _LOG2PI = float(np.log(2.0 * np.pi))
 
@@ -149,7 +149,18 @@ def collapsed_bound(model, X, y, offset=None, chunk_size: int = 2048) -> float:
     return float(_value(model, _padded_data(model, X, y, offset, chunk_size)))
 
 
-def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None, log_prior=None):
+def stop_message(out, max_rounds, limit: str = "max_rounds") -> str:
+    """Why a SciPy L-BFGS-B run ``out`` (an ``OptimizeResult``) of at most ``max_rounds``
+    iterations stopped: its message, prefixed ``"max_rounds reached"`` when it ran out of rounds
+    (``limit`` names the limit in that prefix)."""
+    msg = getattr(out, "message", "") or ""
+    msg = msg.decode() if isinstance(msg, bytes) else str(msg)  # bytes: old SciPy versions
+    if int(getattr(out, "nit", 0)) >= max_rounds:
+        return f"{limit} reached ({max_rounds} L-BFGS-B iterations): {msg}" if msg else f"{limit} reached"
+    return msg or "L-BFGS-B stopped (no message)"
+
+
+def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None, log_prior=None, info=None):
     """L-BFGS-B on the collapsed bound in the unconstrained parameters ``names``.
 
     Returns ``(model, iterations, rows, evaluations)``: the model with the best parameters
@@ -160,6 +171,9 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     Stops when the bound changes by at most ``tol · max(1, |bound|)`` between iterations.
     ``log_prior``: a :class:`gpvi.priors.LogPrior` of ``names`` (or None): the search then
     maximises bound + log p(θ); ``rows`` still record the bound.
+    ``info``: a dict (or None) that receives ``info["message"]``, why L-BFGS-B stopped
+    (:func:`stop_message`: SciPy's message, prefixed ``"max_rounds reached"``
+    when it ran out of rounds).
     """
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
@@ -200,5 +214,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     rows.append((time.perf_counter() - t0, bound(x0, f0)))
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
+    if info is not None:
+        info["message"] = stop_message(out, max_rounds)
     learned = unflatten_params(model, unravel(jnp.asarray(best[1])))
     return learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2), evaluations[0]

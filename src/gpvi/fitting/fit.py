@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpvi.fitting import hyper
-from gpvi.fitting.posterior import FitResult
+from gpvi.fitting.posterior import FitResult, effective_jitter
 from gpvi.fitting.problem import Problem, learnable_parameters, validate
 from gpvi.fitting.runner import Runner, start
 from gpvi.models.base import Model
@@ -178,7 +178,18 @@ def _result(problem: Problem, runner: Runner, outcome: hyper.Outcome) -> FitResu
                      trace=outcome.trace, engine=problem.engine.name, backtracks=counts.backtracks,
                      cycles=counts.cycles, evaluations=counts.evaluations, hyperparameter_rounds=outcome.rounds,
                      seconds=seconds, prior=prior, chunk_size=problem.chunk_size, input_dim=problem.X.shape[1],
-                     clipped=counts.clipped, subset=problem.subset, extras=_extras(problem, outcome), gap=float(res.gap))
+                     clipped=counts.clipped, subset=problem.subset, extras=_extras(problem, outcome), gap=float(res.gap),
+                     search_message=outcome.search or hyper.NOT_LEARNED, jitter=_jitter(outcome.model, prior),
+                     learned=tuple(problem.learned_names(outcome.model)) if problem.learn else ())
+
+
+def _jitter(model, prior) -> float:
+    """The relative jitter the prior's factorisation used (:func:`effective_jitter`); NaN for a
+    prior cache of a form it does not know (a model of the user's own), which the fit does not fail on."""
+    try:
+        return effective_jitter(model, prior)
+    except (TypeError, ValueError, AttributeError, IndexError):
+        return float("nan")
 
 
 def _extras(problem: Problem, outcome: hyper.Outcome) -> dict:

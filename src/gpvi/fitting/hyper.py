@@ -37,12 +37,12 @@ from gpvi.fitting.problem import check_known
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.priors import LogPrior
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
-from gpvi.objective import (bucketable, full_gp_latents, make_chunks, prior_inputs, vlb_envelope,
+from gpvi.objective import (as_device_array, bucketable, full_gp_latents, make_chunks, prior_inputs, vlb_envelope,
                             vlb_in_hyperparameters)
 
 __all__ = ["Outcome", "choose", "fixed", "profile", "on_collapsed_bound", "joint", "engine_owned",
            "profile_search", "neg_vlb", "neg_vlb_and_grad", "neg_envelope", "neg_envelope_grad", "neg_laplace",
-           "neg_laplace_and_grad", "INNER_TOL_CAP", "inner_tol"]
+           "neg_laplace_and_grad", "INNER_TOL_CAP", "inner_tol", "NOT_LEARNED"]
 
 
 @dataclasses.dataclass
@@ -54,7 +54,8 @@ class Outcome:
     extras are the fit's); ``message`` its message with what the hyperparameter search did;
     ``trace`` the (K, 2) trace of the fit; ``rounds`` the L-BFGS-B iterations of the search;
     ``prior`` the prior cache of ``model`` on the training inputs, or None where the fit must
-    compute it (the engine returned a model it learned).
+    compute it (the engine returned a model it learned); ``search`` why the hyperparameter
+    search stopped (:attr:`gpvi.FitResult.search_message`).
     """
 
     model: object
@@ -63,6 +64,11 @@ class Outcome:
     trace: np.ndarray
     rounds: int = 0
     prior: object = None
+    search: str = ""
+
+
+#: ``FitResult.search_message`` of a fit that learned no hyperparameters.
+NOT_LEARNED = "no hyperparameters learned"
 
 
 def choose(problem):
@@ -93,7 +99,8 @@ def fixed(problem, runner, state, obj):
     """One engine run at the problem's hyperparameters."""
     obj, res, trace = runner(problem.model, state, problem.tol, obj=obj)
     model, learned = _engine_model(problem.model, res)
-    return Outcome(model, res, res.message, trace, prior=None if learned else obj.prior)
+    search = f"learned by the engine ({problem.engine.name})" if learned else NOT_LEARNED
+    return Outcome(model, res, res.message, trace, prior=None if learned else obj.prior, search=search)
 
 
 def joint(problem, runner, state, obj):
@@ -101,7 +108,8 @@ def joint(problem, runner, state, obj):
     names = problem.learned_names()
     obj, res, trace = runner(problem.model, state, problem.tol, obj=obj, hyperparameters=names)
     model = res.extras.pop("model", problem.model)
-    return Outcome(model, res, f"{res.message}; hyperparameters learned jointly by the engine", trace)
+    return Outcome(model, res, f"{res.message}; hyperparameters learned jointly by the engine", trace,
+                   search=f"learned jointly with q by the engine: {res.message}")
 
 
 def on_collapsed_bound(problem, runner, state, obj):
@@ -109,8 +117,9 @@ def on_collapsed_bound(problem, runner, state, obj):
     one factorisation per evaluation; then one engine run, at the learned θ, for q."""
     p = problem
     names = p.learned_names()
+    info = {}
     model, rounds, rows, evaluations = collapsed.learn(
-        p.model, names, p.X, p.y, p.offset, tol=p.tol, max_rounds=p.max_rounds,
+        p.model, names, p.X, p.y, p.offset, tol=p.tol, max_rounds=p.max_rounds, info=info,
         log_prior=LogPrior(p.model, names, p.hyperprior),
         chunk_size=p.chunk_size, t0=runner.t0, callback=lambda i, v, s: runner.callback(i, v, s, shift=False))
     obj, res, trace = runner(model, state, p.tol)  # (the Laplace start's objective is of the old θ)
@@ -121,7 +130,7 @@ def on_collapsed_bound(problem, runner, state, obj):
     runner.counts.iterations += evaluations
     message = f"{res.message}; hyperparameters: {rounds} L-BFGS-B iteration(s) on the collapsed bound"
     return Outcome(model, res, message, np.concatenate([rows, trace]), rounds,
-                   None if learned else obj.prior)
+                   None if learned else obj.prior, search=f"{info.get('message', '')} (collapsed bound)")
 
 
 def profile(problem, runner, state, obj):
@@ -135,7 +144,7 @@ def profile(problem, runner, state, obj):
     obj, res, _ = runner(model, search["state"], problem.tol)
     message = f"{res.message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return Outcome(model, res, message, np.asarray(search["rows"]).reshape(-1, 2), rounds,
-                   None if learned else obj.prior)
+                   None if learned else obj.prior, search=search.get("message", ""))
 
 
 def engine_owned(problem, runner, state, obj):
@@ -150,7 +159,8 @@ def engine_owned(problem, runner, state, obj):
     runner.counts.evaluations += res.evaluations  # (its own totals; no fixed-point safeguards)
     runner.counts.iterations += res.iterations
     return Outcome(model, res, res.message, runner.shifted(res.trace),
-                   int(res.extras.get("lbfgsb_steps", 0)), obj.prior)
+                   int(res.extras.get("lbfgsb_steps", 0)), obj.prior,
+                   search=f"the {p.engine.name} engine's own driver: {res.message}")
 
 
 # ---- the profile search ------------------------------------------------------------------------
@@ -196,7 +206,9 @@ def inner_tol(gain, vlb, tol, strict):
 
 def profile_search(problem, runner, model, names, state):
     """L-BFGS-B on the profile bound in the parameters ``names`` of ``model``, from the engine's
-    optimum ``state``; returns ``(model, iterations, {"rows": trace rows, "state": best state})``.
+    optimum ``state``; returns ``(model, iterations, {"rows": trace rows, "state": best state,
+    "message": why the search stopped})`` (the message as
+    :func:`gpvi.fitting.collapsed.stop_message` writes it).
 
     Every inner engine run adds to ``runner.counts``, so that the fit reports totals over the
     search.  With the Laplace engine (``Engine.evidence == "laplace"``) the objective is the
@@ -211,7 +223,7 @@ def profile_search(problem, runner, model, names, state):
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
     chunks = None if blockwise else make_chunks(X, y, offset, problem.chunk_size, bucketed=bucketable(model))
     # padded rows share compiled programs (the block-wise path has its own fixed block shapes)
-    Xj = jnp.asarray(X) if blockwise else prior_inputs(model, jnp.asarray(X), chunks)
+    Xj = as_device_array(X) if blockwise else prior_inputs(model, as_device_array(X), chunks)
     # Inner runs need only be as exact as the search's progress requires: their gap
     # threshold is 1e-3 of the bound's last gain between L-BFGS-B iterations (of the gain the
     # first step predicts in the first round), with a relative tol between tol·1e-3 (near the
@@ -299,11 +311,12 @@ def profile_search(problem, runner, model, names, state):
     out = scipy.optimize.minimize(fun_once, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=problem.max_rounds, ftol=tol, gtol=1e-9))
     best_vlb, best_x, best_state = memo["best"]
+    message = collapsed.stop_message(out, problem.max_rounds)
     if best_x is None:
-        return model, int(out.nit), {"rows": rows, "state": state}
+        return model, int(out.nit), {"rows": rows, "state": state, "message": message}
     learned = unflatten_params(model, unravel(jnp.asarray(best_x)))
     if laplace:
         # On (nearly) separable data the Laplace evidence is largest where the approximation is
         # useless (a huge latent scale, probabilities near 0.5): refuse such a maximum.
         check_learned_hyperparameters(learned, names, best_vlb, vlbs[best_x.tobytes()], X.shape[0])
-    return learned, int(out.nit), {"rows": rows, "state": best_state}
+    return learned, int(out.nit), {"rows": rows, "state": best_state, "message": message}

@@ -49,7 +49,8 @@ from jax.scipy.linalg import cho_solve, solve_triangular  # noqa: F401
 
 from gpvi._module import flatten_params, unflatten_params
 from gpvi._watchdog import paused
-from gpvi.fitting.posterior import FitResult
+from gpvi.fitting.collapsed import stop_message
+from gpvi.fitting.posterior import FitResult, effective_jitter
 from gpvi.fitting.predict import likelihood_call
 from gpvi.fitting.problem import learnable_parameters
 from gpvi.fitting.runner import progress_callback
@@ -149,7 +150,7 @@ def _bound(u, logvar, model, X, y, K, factors=None):
     return ell + cross + ent, means
 
 
-@dataclasses.dataclass(kw_only=True)
+@dataclasses.dataclass(kw_only=True, repr=False)  # FitResult's short repr, not the arrays
 class MoGResult(FitResult):
     """A fitted mixture-of-diagonal-Gaussians posterior over the N training latents: a
     :class:`~gpvi.fitting.posterior.FitResult` whose predictions are the mixture's.
@@ -164,8 +165,12 @@ class MoGResult(FitResult):
     learned hyperparameters: those of q alone first, then those of the joint search, which are
     also ``hyperparameter_rounds``); ``evaluations`` the evaluations of the bound (each a pass
     over the data); ``converged``, ``message`` the last L-BFGS-B run's; ``gap`` NaN (no
-    certificate); ``extras`` ``{"components": K}``.  Saved and loaded by :func:`gpvi.io.save`
-    and :func:`gpvi.io.load` like any ``FitResult``.
+    certificate); ``extras`` ``{"components": K}``; ``search_message`` the joint L-BFGS-B's
+    message (``"no hyperparameters learned"`` without learned hyperparameters); ``jitter`` the
+    relative jitter of the factorisation of each latent's ``K(X, X)``.  ``repr`` and
+    :meth:`~gpvi.fitting.posterior.FitResult.summary` are those of ``FitResult`` (a few lines,
+    no arrays).  Saved and loaded by :func:`gpvi.io.save` and :func:`gpvi.io.load` like any
+    ``FitResult``.
     """
 
     X: np.ndarray = dataclasses.field(repr=False)
@@ -176,6 +181,16 @@ class MoGResult(FitResult):
     def components(self) -> int:
         """The number K of mixture components."""
         return int(np.shape(self.means)[0])
+
+    def _state_shapes(self) -> str:
+        """The mixture's shapes, in words (for :meth:`summary`)."""
+        return (f"variational state: {self.components} diagonal Gaussian component(s), means "
+                f"{tuple(np.shape(self.means))}, variances {tuple(np.shape(self.variances))}")
+
+    def _recorded_jitter(self) -> float:
+        """The jitter of the factorisation of each latent's ``K(X, X)``, computed again (a result
+        loaded from a file does not record it)."""
+        return effective_jitter(self.model, None, self.X)
 
     def predict_components(self, X, offset=None):
         """Each component's latent means and variances at ``X`` (the GP conditional of each
@@ -351,7 +366,9 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
     if Q == 1:  # one latent: (K, N), as before
         means, variances = means[:, 0], variances[:, 0]
     vlb = -float(res.fun)
+    search = stop_message(res, max_iter, "max_iter") if names else "no hyperparameters learned"
     return MoGResult(model=final, state=None, vlb=vlb, iterations=len(rows) - 1,
+                     search_message=search, jitter=effective_jitter(final, None, X), learned=tuple(names),
                      converged=bool(res.success and np.isfinite(vlb)), message=str(res.message),
                      trace=np.asarray(rows, dtype=np.float64).reshape(-1, 2), engine="mog",
                      evaluations=evaluations[0], hyperparameter_rounds=int(res.nit) if names else 0,

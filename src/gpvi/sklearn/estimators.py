@@ -26,8 +26,13 @@ bound (:mod:`gpvi.fitting.collapsed`).  These defaults (model kind, inducing inp
 standardisation, starting values, the two stages) are :mod:`gpvi.fitting.defaults`, which
 ``gpvi fit`` uses too: the same data give the same model through either front end.
 
-After ``fit`` every estimator exposes ``fit_result_`` (the :class:`gpvi.FitResult`), ``vlb_``
-(final bound, nats) and ``vlb_trace_`` ((K, 2) array of (seconds, VLB) per iteration).
+After ``fit`` every estimator exposes ``fit_result_`` (the :class:`gpvi.FitResult`; ``print`` it
+for a summary), ``kernel_`` and ``likelihood_`` (the learned kernel and likelihood), ``vlb_``
+(final bound, nats) and ``vlb_trace_`` ((K, 2) array of (seconds, VLB) per iteration).  These
+fitted attributes do not exist before ``fit`` (scikit-learn's ``check_is_fitted`` convention)
+and are read off ``fit_result_``, so a loaded estimator has them too.
+:meth:`GPRegressor.predict` also gives the predictive covariance (``return_cov=True``) and
+:meth:`GPRegressor.sample_y` joint draws, as scikit-learn's ``GaussianProcessRegressor``.
 Fitted estimators are saved and loaded without pickle by :func:`gpvi.io.save` /
 :func:`gpvi.io.load`.
 
@@ -315,6 +320,26 @@ class _GPEstimator(BaseEstimator):
         return float(self.fit_result_.vlb)
 
     @property
+    def kernel_(self):
+        """The learned kernel (a :class:`gpvi.kernels.Kernel`, on the standardised inputs when
+        ``standardize=True``): ``fit_result_.model.kernel``.  For a model with several latent
+        functions (:class:`GPClassifier` with more than two classes: one latent GP per class) a
+        list of the C kernels, in ``classes_`` order (they may differ: each class learns its own)."""
+        check_is_fitted(self, "fit_result_")
+        model = self.fit_result_.model
+        lats = getattr(model, "latents", None)
+        if lats is not None:
+            return [lat.kernel for lat in lats]
+        return model.kernel
+
+    @property
+    def likelihood_(self):
+        """The learned likelihood (a :class:`gpvi.likelihoods.Likelihood`, on the standardised
+        targets for :class:`GPRegressor` with ``standardize=True``): ``fit_result_.model.likelihood``."""
+        check_is_fitted(self, "fit_result_")
+        return self.fit_result_.model.likelihood
+
+    @property
     def vlb_trace_(self):
         """(K, 2) array of (seconds since the start of the fit, VLB) for every iteration."""
         check_is_fitted(self, "fit_result_")
@@ -452,8 +477,12 @@ _COMMON_DOC = """
         does by default.  A dict: your own priors (:mod:`gpvi.priors`)."""
 
 _FITTED_DOC = """
-    fit_result_ : gpvi.FitResult
-    vlb_ : float, final variational lower bound (nats)
+    fit_result_ : gpvi.FitResult (``print(est.fit_result_)`` shows its summary)
+    kernel_ : the learned gpvi kernel (on the standardised inputs when ``standardize=True``); a
+        list of one kernel per class for a multiclass (softmax) :class:`GPClassifier`
+    likelihood_ : the learned gpvi likelihood
+    vlb_ : float, final variational lower bound (nats; the bound alone, without the hyperprior's
+        log density)
     vlb_trace_ : (K, 2) array of (seconds, VLB) per iteration
     n_iter_ : int, engine iterations of the final run (counted as 1 when a warm-started final
         run after hyperparameter learning stops at once)
@@ -578,6 +607,24 @@ class GPClassifier(ClassifierMixin, _LabelEstimator):
     def fit(self, X, y):
         """Fit to inputs ``X`` (n_samples, n_features) and class labels ``y`` (n_samples,)."""
         return self._fit(X, y)
+
+    def predict_proba(self, X):
+        """Predictive class probabilities at ``X`` (n_samples, n_features): an (n_samples,
+        n_classes) array whose rows sum to 1, columns in ``classes_`` order.
+
+        Two classes (Bernoulli likelihood): column 1 is ``p(y = classes_[1] | x, data) =
+        E_q[σ(f(x))]`` (logit link, by Gauss-Hermite quadrature over the latent's posterior
+        ``q(f(x)) = N(m, v)``) or ``Φ(m / √(1 + v))`` (probit link, exact), and column 0 is one
+        minus it.  These are the posterior-averaged probabilities, not the link of the posterior
+        mean: uncertain inputs (large ``v``) are pulled towards 0.5.
+
+        More classes (softmax over one latent GP per class): column c is
+        ``E_q[softmax(f(x))_c]``, the softmax averaged over the C independent latent posteriors
+        ``N(m_c, v_c)`` (by quadrature, :class:`gpvi.likelihoods.softmax.Softmax`).
+
+        ``predict`` returns the label of the largest column.
+        """
+        return self._call("predict_proba", X)
 
 
 class GPOrdinalRegressor(ClassifierMixin, _LabelEstimator):
@@ -775,6 +822,11 @@ class _ValueEstimator(RegressorMixin, _GPEstimator):
         return 1.0, 0.0
 
 
+class _BothRequested(ValueError, RuntimeError):
+    """``return_std`` and ``return_cov`` both requested (a ``ValueError``; a ``RuntimeError`` as in
+    scikit-learn's ``GaussianProcessRegressor``)."""
+
+
 _NOISES = {"gaussian": likelihoods.Gaussian, "laplace": likelihoods.Laplace, "studentt": likelihoods.StudentT,
            "warped": Warped}
 
@@ -854,13 +906,92 @@ class GPRegressor(_ValueEstimator):
         """Fit to inputs ``X`` (n_samples, n_features) and real targets ``y`` (n_samples,)."""
         return self._fit(X, y)
 
-    def predict(self, X, return_std=False):
+    def predict(self, X, return_std=False, return_cov=False):
         """Predictive mean of y at ``X`` (n_samples, n_features): (n_samples,).
 
-        With ``return_std=True`` also the predictive standard deviation of y (noise
-        included; infinite for Student-t noise with ``df ≤ 2``), (n_samples,).
+        As scikit-learn's ``GaussianProcessRegressor.predict`` (whose noise, when modelled by a
+        ``WhiteKernel``, is in its std and covariance): the std and covariance are those of the
+        predictive distribution of the *observations* y, noise included, in the units of y.
+
+        - ``return_std=True``: also the predictive standard deviation of y, (n_samples,)
+          (infinite for Student-t noise with ``df ≤ 2``).
+        - ``return_cov=True``: also the predictive covariance of y, (n_samples, n_samples):
+          the posterior covariance of the latent ``f`` (:meth:`gpvi.FitResult.predict_f_cov`,
+          by triangular solves in whitened coordinates) plus the noise variance on the
+          diagonal.  The noise is independent across rows, so off the diagonal it is the latent
+          covariance; its diagonal is ``return_std ** 2`` (the same numbers) and it is positive
+          semi-definite.  For Gaussian noise and a full GP it is the exact GP posterior
+          predictive covariance.  O(n_samples²) memory.  Not available with
+          ``noise="warped"`` (y is a nonlinear function of a Gaussian: use :meth:`sample_y`).
+
+        At most one of ``return_std`` and ``return_cov``: both raise a ``ValueError`` (also a
+        ``RuntimeError``, the class scikit-learn raises).
         """
-        return self._predict_value(X, None, return_std)
+        if return_std and return_cov:
+            raise _BothRequested("At most one of return_std or return_cov can be requested.")
+        if not return_cov:
+            return self._predict_value(X, None, return_std)
+        check_is_fitted(self, "fit_result_")
+        if isinstance(self.fit_result_.model.likelihood, Warped):
+            raise ValueError("return_cov is not available with noise='warped': the predictive of y is not "
+                             "Gaussian (y is the inverse warping of a Gaussian); use sample_y for joint draws")
+        mean, var = self._call("predict_y", X)
+        cov = self._latent_cov(X)[1]
+        np.fill_diagonal(cov, var)  # independent noise: only the diagonal gains its variance
+        scale, shift = self._target_scale()
+        return mean * scale + shift, cov * (scale * scale)
+
+    def _latent_cov(self, X):
+        """Latent mean (n,) and posterior covariance (n, n) at ``X``, in standardised units."""
+        check_is_fitted(self, "fit_result_")
+        X = self._validate_X(X, reset=False)
+        n = X.shape[0]
+        Xs = (X - self.x_mean_) / self.x_scale_
+        pad = _bucket(n) - n  # a few compiled shapes (the padded rows are dropped below)
+        if pad:
+            Xs = np.concatenate([Xs, np.repeat(Xs[:1], pad, axis=0)])
+        mean, cov = self.fit_result_.predict_f_cov(Xs)
+        return np.array(mean[:n]), np.array(cov[:n, :n])
+
+    def sample_y(self, X, n_samples=1, random_state=0):
+        """Draw joint samples of y from the predictive distribution at ``X`` (n_samples_X,
+        n_features), as scikit-learn's ``GaussianProcessRegressor.sample_y``: an
+        (n_samples_X, n_samples) array (one column per draw).
+
+        Each draw is a joint sample of the latent ``f`` at all rows of ``X`` from its posterior
+        (mean and covariance of :meth:`gpvi.FitResult.predict_f_cov`) plus independent noise
+        from the learned likelihood (Gaussian, Laplace or Student-t; for ``noise="warped"``
+        Gaussian noise in the warped space, mapped back by the inverse warping), in the units
+        of y.  With Gaussian noise the draws are from ``N(mean, cov)`` of
+        ``predict(X, return_cov=True)``.
+
+        ``random_state`` : int, RandomState or None (scikit-learn's convention; default 0).
+        """
+        if not _is_int(n_samples) or n_samples < 1:
+            raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
+        rng = check_random_state(random_state)
+        mean, cov = self._latent_cov(X)
+        w, U = np.linalg.eigh(cov)  # a factor of a PSD matrix that tolerates rounding (no Cholesky failure)
+        factor = U * np.sqrt(np.clip(w, 0.0, None))
+        n = mean.shape[0]
+        f = mean[:, None] + factor @ rng.standard_normal((n, n_samples))
+        y = self._add_noise(f, rng)
+        scale, shift = self._target_scale()
+        return y * scale + shift
+
+    def _add_noise(self, f, rng):
+        """Latent draws ``f`` plus independent noise from the learned likelihood (standardised units)."""
+        lik = self.fit_result_.model.likelihood
+        if isinstance(lik, Warped):
+            z = f + np.sqrt(float(lik.likelihood.variance)) * rng.standard_normal(f.shape)
+            return np.asarray(lik.unwarp(z))
+        if isinstance(lik, likelihoods.StudentT):
+            return f + float(lik.scale) * rng.standard_t(float(lik.df), size=f.shape)
+        if isinstance(lik, likelihoods.Laplace):
+            return f + rng.laplace(0.0, float(lik.scale), size=f.shape)
+        if isinstance(lik, likelihoods.Gaussian):
+            return f + np.sqrt(float(lik.variance)) * rng.standard_normal(f.shape)
+        raise ValueError(f"sample_y: no noise sampler for the {type(lik).__name__} likelihood")
 
 
 class GPCountRegressor(_ValueEstimator):
