@@ -193,3 +193,77 @@ def test_clear_compilation_cache_empties_the_directory(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
     converged, written, removed, left, again = proc.stdout.splitlines()
     assert int(written) > 0 and removed.split()[0] == written and left == "[]" and again == "True"
+
+
+class _Lowerings:
+    """Counts programs lowered to XLA (every jit cache miss, and every eager operation on a new
+    shape, lowers one) through JAX's monitoring events, independent of gpvi's own caches."""
+
+    EVENT = "/jax/core/compile/jaxpr_to_mlir_module_duration"
+
+    def __init__(self):
+        self.count = 0
+        from jax import monitoring
+
+        monitoring.register_event_duration_secs_listener(self._listen)
+
+    def _listen(self, event, duration, **kwargs):
+        if event == self.EVENT:
+            self.count += 1
+
+
+_LOWERINGS = None
+
+
+def _lowerings():
+    global _LOWERINGS
+    if _LOWERINGS is None:
+        _LOWERINGS = _Lowerings()
+    return _LOWERINGS
+
+
+def _labels(rng, N, classes):
+    X = rng.normal(size=(N, 3))
+    s = X[:, 0] + 0.3 * rng.normal(size=N)
+    cuts = np.quantile(s, np.linspace(0, 1, classes + 1)[1:-1])
+    return X, np.digitize(s, cuts)
+
+
+@pytest.mark.parametrize("options, sizes, classes", [
+    ({}, (60, 60), 2),  # the default small-data model, a full GP: same size, same programs
+    ({}, (48, 48), 3),  # multiclass (softmax on three latents)
+    ({"model": "sparse", "inducing": 20}, (90, 100), 2),  # sparse GP: two sizes in one bucket
+    ({"model": "sparse", "inducing": 20}, (90, 100), 3),
+])
+def test_a_second_fit_and_a_new_predict_size_compile_nothing(rng, options, sizes, classes):
+    """Issue 32, acceptance 2: after one fit, a second default-estimator fit of a problem in the
+    same size bucket (new data, learned hyperparameters) and predictions at new batch sizes
+    lower no program at all, counted by JAX's own compile events."""
+    counter = _lowerings()
+    assert bucket(sizes[0]) == bucket(sizes[1])
+    X, y = _labels(rng, sizes[0], classes)
+    first = gpvi.GPClassifier(**options).fit(X, y)
+    first.predict_proba(X[:5])
+    before = counter.count
+    X, y = _labels(rng, sizes[1], classes)
+    clf = gpvi.GPClassifier(**options).fit(X, y)
+    after_fit = counter.count
+    p7, p11 = clf.predict_proba(X[:7]), clf.predict_proba(X[:11])
+    assert (after_fit - before, counter.count - after_fit) == (0, 0)
+    # the programs were shared, not skipped: the second fit learned and predicts sensibly
+    assert clf.fit_result_.hyperparameter_rounds > 0
+    assert p7.shape == (7, classes) and p11.shape == (11, classes)
+    np.testing.assert_allclose(p11[:7], p7, atol=1e-12)
+    assert np.mean(clf.predict(X) == y) > 0.6
+
+
+def test_the_counter_sees_a_new_shape(rng):
+    """The lowering counter is not blind: a fit at a size in another bucket lowers programs."""
+    counter = _lowerings()
+    X, y = _labels(rng, 40, 2)
+    gpvi.GPClassifier(model="sparse", inducing=20).fit(X, y)
+    before = counter.count
+    X, y = _labels(rng, 200, 2)
+    assert bucket(40) != bucket(200)
+    gpvi.GPClassifier(model="sparse", inducing=20).fit(X, y)
+    assert counter.count > before

@@ -601,11 +601,25 @@ def training_chunks(model, prior, X, chunk_X, blocks):
     return split_rows(At, blocks), b, c
 
 
+def as_device_array(X) -> jax.Array:
+    """``X`` as a float64 device array.  A host (NumPy) array is transferred with
+    ``jax.device_put``: ``jnp.asarray`` of a host array stages it through a small compiled
+    program specialised to its shape (jax 0.10), so every new training-set size compiled one
+    more program even when the fit's own programs were shared through a size bucket."""
+    if isinstance(X, jax.Array) and X.dtype == jnp.float64:
+        return X
+    return jax.device_put(np.asarray(X, dtype=np.float64))
+
+
 def bucketable(model) -> bool:
     """Whether ``model``'s data sums are taken over rows padded to a size bucket
     (:func:`gpvi._compile.bucket`): the sparse GP and the GLM, whose weights do not depend on
-    N.  (A full GP has one weight per row: padding would change its prior; see
-    :mod:`gpvi.fitting.collapsed` for the Gaussian case, where padding is exact.)"""
+    N, and a :class:`~gpvi.models.multilatent.MultiLatent` of such latents.  (A full GP has one
+    weight per row: padding would change its prior; see :mod:`gpvi.fitting.collapsed` for the
+    Gaussian case, where padding is exact.)"""
+    latents = getattr(model, "latents", None)
+    if latents is not None:
+        return all(type(l) in (SparseGP, GLM) for l in latents)
     return type(model) in (SparseGP, GLM)
 
 
@@ -633,7 +647,7 @@ class Objective:
     def __init__(self, model: Model, X, y, offset=None, *, chunk_size=DEFAULT_CHUNK,
                  cache_bytes=DEFAULT_CACHE_BYTES, blocks: int | None = None):
         self.model = model
-        self.X = jnp.asarray(X, dtype=jnp.float64)
+        self.X = as_device_array(X)
         self.num_data = int(self.X.shape[0])
         self.chunks = make_chunks(X, y, offset, chunk_size, bucketed=bucketable(model))
         self.dim = model.num_weights(X)

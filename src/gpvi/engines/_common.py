@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -218,7 +217,7 @@ def precision_chol(S):
     return reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
 
 
-@partial(jax.jit, static_argnames=("update_mean", "update_cov"))
+@jax.jit
 def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=True, direction=None):
     """One natural-gradient step of size ``alpha`` on ``q(w) = N(m, V)``.
 
@@ -231,6 +230,10 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     step is taken in every block, with one step size: the VLB is one sum over all blocks.
     With ``direction`` (the joint Newton direction of coupled latent blocks) the mean moves to
     ``m + α d`` instead.
+
+    The two flags are traced, not static: all four combinations share one compiled program
+    (a fit that first needs the damped mean-only or covariance-only step, e.g. a second fit of
+    a same-sized problem, compiles nothing new).
     """
     if grad.ndim == 2:
         return map_latents(lambda s_, g_, r_, d_: _natural_step(s_, g_, r_, alpha, update_mean, update_cov, d_),
@@ -239,31 +242,25 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
 
 
 def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direction=None):
-    if update_cov:
-        def damped():
-            # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H.
-            Linv = tri_inv(state.chol)
-            return reversed_chol((1.0 - alpha) * (transposed(Linv) @ Linv) + alpha * flip(RH @ RH.T))
+    def damped():
+        # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H.
+        Linv = tri_inv(state.chol)
+        return reversed_chol((1.0 - alpha) * (transposed(Linv) @ Linv) + alpha * flip(RH @ RH.T))
 
-        R = jax.lax.cond(alpha < 1.0, damped, lambda: RH)
-    else:
-        R = RH
+    # a mean-only step keeps V: its Newton step uses H itself at any α
+    R = jax.lax.cond(jnp.logical_and(update_cov, alpha < 1.0), damped, lambda: RH)
     # Λ'⁻¹ g = J (R Rᵀ)⁻¹ J g
-    if not update_mean:
-        mean = state.mean
-    elif direction is not None:
-        mean = state.mean + alpha * direction
+    if direction is not None:
+        step = alpha * direction
     else:
-        mean = state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1]
-    if update_cov:
-        # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
-        chol = flip(tri_inv(R).T)
-    else:
-        chol = state.chol
+        step = alpha * cho_solve((R, True), grad[::-1])[::-1]
+    mean = jnp.where(update_mean, state.mean + step, state.mean)
+    # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
+    chol = jax.lax.cond(update_cov, lambda: flip(tri_inv(R).T), lambda: state.chol)
     return State(mean, chol)
 
 
-@partial(jax.jit, static_argnames=("update_mean", "update_cov"))
+@jax.jit
 def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=True, trSV=None):
     """:func:`precision_chol` of ``S``, the :func:`estimated_gap` at ``state`` and the
     :func:`natural_step` from it, in one compiled call (the first proposal of every iteration;

@@ -44,8 +44,7 @@ def _mean(model):
     return jnp.asarray(getattr(model, "mean", 0.0), jnp.float64)
 
 
-@jax.jit
-def _carry(L_old, L_new, mu_old, mu_new, state):
+def _carry_one(L_old, L_new, mu_old, mu_new, state):
     # One solve for both right-hand sides, [T | shift] = L_new⁻¹ [L_old | (μ_old − μ_new)·1].
     # Two separate solves, batched over the latents of a MultiLatent, made XLA:CPU (jax 0.10.2,
     # 2 cores) stop for good now and then with every thread idle: a loop of such calls hung
@@ -56,6 +55,19 @@ def _carry(L_old, L_new, mu_old, mu_new, state):
     chol = T @ state.chol
     # keep the factor lower triangular with a positive diagonal (T is lower triangular)
     return State(T @ state.mean + shift, jnp.tril(chol))
+
+
+_carry = jax.jit(_carry_one)
+
+
+@jax.jit
+def _carry_latents(L_old, L_new, mu_old, mu_new, state):
+    """:func:`_carry_one` latent by latent, in one compiled call: the factors and means are
+    tuples over the latents and ``state`` is stacked.  (Mapped eagerly, the slicing and
+    stacking of a three-latent iris fit cost 0.35 s of its 2.5 s.)"""
+    Lo, Ln = jnp.stack(L_old), jnp.stack(L_new)
+    mo, mn = jnp.stack(mu_old), jnp.stack(mu_new)
+    return map_latents(_carry_one, Lo, Ln, mo, mn, state)
 
 
 def supported(model) -> bool:
@@ -86,10 +98,10 @@ def carry(old_objective, new_objective, state: State) -> State:
     # With moving inducing inputs q(u) refers to other points; the map still keeps its
     # whitened meaning closer than the raw state would, and the engine corrects the rest.
     if isinstance(old, MultiLatent):  # latent by latent (q is factorised over the latents)
-        stack = lambda m, prior: (jnp.stack([_factor(l, p, d) for l, p in zip(m.latents, prior)]),  # noqa: E731
-                                  jnp.stack([_mean(l) for l in m.latents]))
-        (Lo, mo), (Ln, mn) = stack(old, old_objective.prior), stack(new, new_objective.prior)
-        out = map_latents(_carry, Lo, Ln, mo, mn, state)
+        parts = lambda m, prior: (tuple(_factor(l, p, d) for l, p in zip(m.latents, prior)),  # noqa: E731
+                                  tuple(_mean(l) for l in m.latents))
+        (Lo, mo), (Ln, mn) = parts(old, old_objective.prior), parts(new, new_objective.prior)
+        out = _carry_latents(Lo, Ln, mo, mn, state)
     else:
         out = _carry(_factor(old, old_objective.prior, d), _factor(new, new_objective.prior, d),
                      _mean(old), _mean(new), state)
