@@ -238,19 +238,31 @@ def weak(model: Module, *, noise: bool = False, dimensions: int = 1) -> dict:
       far below the distance between neighbours costs a few nats per lengthscale;
     - with ``noise=True`` (identity-link regression on standardised targets) the likelihood's
       ``variance`` (Gaussian) or ``scale`` (Laplace, Student-t): ``LogNormal(log 0.1, 1.5)``
-      for a scale and ``LogNormal(2·log 0.1, 3)`` for a variance, median noise s.d. 0.1.
+      for a scale and ``LogNormal(2·log 0.1, 3)`` for a variance, median noise s.d. 0.1;
+    - with ``noise=True`` and a likelihood whose noise is a latent function (its
+      ``noise_latent``, e.g. :class:`gpvi.likelihoods.HeteroscedasticGaussian`'s log noise s.d.),
+      that latent's GP instead: its constant mean ``Normal(log 0.1, 1.5)`` (median noise s.d.
+      0.1 again) and its kernel variance ``LogNormal(log 0.25, 1)`` (the log noise s.d. varies
+      by about ±0.5, a factor 1.6, over the inputs, and by a factor 7 at most within 95 %).
 
     Parameters the names do not fit (means, slopes, ordinal bin edges, warping, degrees of
     freedom, inducing inputs) get no prior.
     """
     D = max(1, int(dimensions))
     out = {}
+    noise_latent = getattr(getattr(model, "likelihood", None), "noise_latent", None) if noise else None
+    noise_prefix = None if noise_latent is None else f"latents.{int(noise_latent)}."
     for path, transform in model.transforms().items():
         parts = path.split(".")
+        if noise_prefix is not None and path == noise_prefix + "mean":
+            out[path] = Normal(math.log(0.1), 1.5)
+            continue
         if transform != "positive":
             continue
         in_kernel = "kernel" in parts[:-1]
-        if in_kernel and parts[-1] == "variance":
+        if in_kernel and parts[-1] == "variance" and noise_prefix is not None and path.startswith(noise_prefix):
+            out[path] = LogNormal(math.log(0.25), 1.0)
+        elif in_kernel and parts[-1] == "variance":
             out[path] = LogNormal(0.0, 2.0)
         elif in_kernel and parts[-1] == "lengthscale":
             out[path] = LogNormal(0.5 * math.log(D), 1.5)

@@ -45,6 +45,8 @@ The engine (``fpi``), tolerances (``tol=1e-6``, ``max_iter=500``, ``max_rounds=1
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import scipy.special
 
@@ -75,8 +77,9 @@ STUDENT_T_DF = 3.0
 #: parameters of an ordinal model that are never learned (redundant with the edges and kernel variance)
 ORDINAL_FIXED = ("mean", "likelihood.shape")
 
-_REGRESSION_NAMES = ("gaussian", "laplace", "studentt", "warped")
-_REGRESSION_TYPES = (likelihoods.Gaussian, likelihoods.Laplace, likelihoods.StudentT, Warped)
+_REGRESSION_NAMES = ("gaussian", "laplace", "studentt", "warped", "heteroscedastic")
+_REGRESSION_TYPES = (likelihoods.Gaussian, likelihoods.Laplace, likelihoods.StudentT, Warped,
+                     likelihoods.HeteroscedasticGaussian)
 _KINDS = ("auto", "full", "sparse")
 
 
@@ -162,7 +165,9 @@ def likelihood_start(name: str, y, *, levels: int | None = None, offset=None, no
     near the identity), ``"bernoulli"`` (``link``, default logit), ``"probit"`` (Bernoulli with the
     probit link), ``"softmax"`` (the mean is an array,
     one per class), ``"poisson"``, ``"quasipoisson"`` (Poisson that accepts non-integer counts),
-    ``"exponential"`` or ``"ordinal"``.
+    ``"exponential"``, ``"ordinal"`` or ``"heteroscedastic"`` (Gaussian noise whose log standard
+    deviation is a second latent function, starting at ``log noise_scale``; the mean is an
+    array, one per latent).
     """
     y = np.asarray(y, np.float64)
     s = float(noise_scale)
@@ -179,6 +184,8 @@ def likelihood_start(name: str, y, *, levels: int | None = None, offset=None, no
     if name in ("bernoulli", "probit"):
         lik = likelihoods.Bernoulli(link=link or ("probit" if name == "probit" else "logit"))
         return lik, _base_rate_logit(y, lik.link)
+    if name == "heteroscedastic":
+        return likelihoods.HeteroscedasticGaussian(), np.array([0.0, math.log(s)])
     if name == "softmax":
         freq = np.bincount(y.astype(int), minlength=levels) / len(y)
         return Softmax(num_classes=levels), np.log(np.clip(freq, 0.5 / len(y), None))

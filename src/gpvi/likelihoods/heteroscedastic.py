@@ -54,6 +54,10 @@ class HeteroscedasticGaussian(Likelihood):
     mean=[0.0, log_noise_sd])`` (or ``.sparse``); ``predict_y`` gives ``(m_f, v_f + exp(2 m_g + 2 v_g))``.
     """
 
+    #: the latent function that is the log noise standard deviation (the front ends' default
+    #: hyperprior puts its noise prior on that latent's GP; :func:`gpvi.priors.weak`)
+    noise_latent = 1
+
     @property
     def num_latents(self) -> int:
         return 2

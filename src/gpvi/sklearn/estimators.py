@@ -3,8 +3,8 @@
 - :class:`GPClassifier`: Bernoulli likelihood (logit or probit) for two classes, softmax on one
   latent GP per class for more; ``predict``
   gives the most probable class, ``predict_proba`` the class probabilities.
-- :class:`GPRegressor`: Gaussian, Laplace or Student-t noise; ``predict`` gives the predictive
-  mean (and standard deviation).
+- :class:`GPRegressor`: Gaussian, Laplace, Student-t, warped or heteroscedastic (input-dependent)
+  noise; ``predict`` gives the predictive mean (and standard deviation).
 - :class:`GPCountRegressor`: Poisson likelihood with a log link and optional exposure;
   ``predict`` gives the expected count (and standard deviation).
 - :class:`GPOrdinalRegressor`: cumulative-logit ordinal likelihood with learned bin edges;
@@ -828,11 +828,11 @@ class _BothRequested(ValueError, RuntimeError):
 
 
 _NOISES = {"gaussian": likelihoods.Gaussian, "laplace": likelihoods.Laplace, "studentt": likelihoods.StudentT,
-           "warped": Warped}
+           "warped": Warped, "heteroscedastic": likelihoods.HeteroscedasticGaussian}
 
 
 class GPRegressor(_ValueEstimator):
-    __doc__ = """Gaussian-process regression with Gaussian, Laplace or Student-t noise.
+    __doc__ = """Gaussian-process regression with Gaussian, Laplace, Student-t, warped or heteroscedastic noise.
 
     With ``standardize=True`` the targets are also centred and scaled to unit variance for
     the fit, and predictions are mapped back.  With Gaussian noise and a full GP the
@@ -840,10 +840,14 @@ class GPRegressor(_ValueEstimator):
 
     Parameters
     ----------""" + _COMMON_DOC + """
-    noise : {"gaussian", "laplace", "studentt", "warped"}, default "gaussian"
+    noise : {"gaussian", "laplace", "studentt", "warped", "heteroscedastic"}, default "gaussian"
         ``"warped"``: Gaussian noise on ``t(y)``, a monotone tanh-sum warping of the
         (standardised) targets with three terms, learned with the other hyperparameters
         (:class:`gpvi.likelihoods.warped.Warped`); predictions are in the original units.
+        ``"heteroscedastic"``: Gaussian noise whose log standard deviation is a second GP over
+        the inputs (:class:`gpvi.likelihoods.HeteroscedasticGaussian`; each of the two latent
+        GPs has its own default kernel, and the noise GP's constant mean starts at
+        ``log noise_scale``), so the predictive std grows where the data are noisier.
     noise_scale : float, default 0.1
         Starting value (the fixed value when not learned) of the noise standard deviation
         (Gaussian) or scale (Laplace, Student-t), in units of the standardised targets when
@@ -937,6 +941,8 @@ class GPRegressor(_ValueEstimator):
                              "Gaussian (y is the inverse warping of a Gaussian); use sample_y for joint draws")
         mean, var = self._call("predict_y", X)
         cov = self._latent_cov(X)[1]
+        if cov.ndim == 3:  # heteroscedastic noise: y's latent is the mean function (latent 0)
+            cov = cov[0]
         np.fill_diagonal(cov, var)  # independent noise: only the diagonal gains its variance
         scale, shift = self._target_scale()
         return mean * scale + shift, cov * (scale * scale)
@@ -950,8 +956,8 @@ class GPRegressor(_ValueEstimator):
         pad = _bucket(n) - n  # a few compiled shapes (the padded rows are dropped below)
         if pad:
             Xs = np.concatenate([Xs, np.repeat(Xs[:1], pad, axis=0)])
-        mean, cov = self.fit_result_.predict_f_cov(Xs)
-        return np.array(mean[:n]), np.array(cov[:n, :n])
+        mean, cov = self.fit_result_.predict_f_cov(Xs)  # (n,), (n, n); several latents: (n, Q), (Q, n, n)
+        return np.array(mean[:n]), np.array(cov[..., :n, :n])
 
     def sample_y(self, X, n_samples=1, random_state=0):
         """Draw joint samples of y from the predictive distribution at ``X`` (n_samples_X,
@@ -971,11 +977,11 @@ class GPRegressor(_ValueEstimator):
             raise ValueError(f"n_samples must be a positive int, got {n_samples!r}")
         rng = check_random_state(random_state)
         mean, cov = self._latent_cov(X)
-        w, U = np.linalg.eigh(cov)  # a factor of a PSD matrix that tolerates rounding (no Cholesky failure)
-        factor = U * np.sqrt(np.clip(w, 0.0, None))
-        n = mean.shape[0]
-        f = mean[:, None] + factor @ rng.standard_normal((n, n_samples))
-        y = self._add_noise(f, rng)
+        if mean.ndim == 2:  # heteroscedastic noise: joint draws of the mean and log-noise functions
+            f, g = (_joint_draws(mean[:, q], cov[q], n_samples, rng) for q in range(2))
+            y = f + np.exp(g) * rng.standard_normal(f.shape)
+        else:
+            y = self._add_noise(_joint_draws(mean, cov, n_samples, rng), rng)
         scale, shift = self._target_scale()
         return y * scale + shift
 
@@ -992,6 +998,13 @@ class GPRegressor(_ValueEstimator):
         if isinstance(lik, likelihoods.Gaussian):
             return f + np.sqrt(float(lik.variance)) * rng.standard_normal(f.shape)
         raise ValueError(f"sample_y: no noise sampler for the {type(lik).__name__} likelihood")
+
+
+def _joint_draws(mean, cov, n_samples, rng):
+    """``n_samples`` joint draws (columns) from ``N(mean, cov)``, mean (n,) and PSD cov (n, n)."""
+    w, U = np.linalg.eigh(cov)  # a factor of a PSD matrix that tolerates rounding (no Cholesky failure)
+    factor = U * np.sqrt(np.clip(w, 0.0, None))
+    return mean[:, None] + factor @ rng.standard_normal((mean.shape[0], n_samples))
 
 
 class GPCountRegressor(_ValueEstimator):
