@@ -324,3 +324,41 @@ def test_nguyen2014_benchmark_quick(tmp_path):
     bc = res["breast_cancer"][0]
     assert abs(bc["FULL-MC"]["error"] - bc["FULL"]["error"]) <= 0.01
     assert res["usps"]["fixed"]["error"] < 0.2
+
+
+@pytest.mark.slow
+def test_small_benchmark_quick(tmp_path):
+    """Issue 32's benchmark at smoke size (iris and diabetes, 60 training rows).  Its cold-cache
+    column uses an empty compilation-cache directory of its own whatever the shared cache is."""
+    out = _run("small.py", tmp_path, share_cache=True)
+    rows = {r["name"]: r for r in out["results"]}
+    assert set(rows) == {"iris", "diabetes"}
+
+    def finite(x):
+        return x is not None and math.isfinite(x) and x >= 0
+
+    for name, r in rows.items():
+        assert r["errors"] == {}, (name, r["errors"])
+        assert r["n_train"] == 60, name
+        g, sk = r["gpvi"], r["sklearn"]
+        for key in ("import_s", "import_cold_s", "first_fit_cold_s", "first_fit_warm_s", "second_fit_s",
+                    "predict_s", "cv3_s", "cv3_cold_cache_s"):
+            assert finite(g[key]), (name, key, g[key])
+        for key in ("iterations", "evaluations", "hyperparameter_rounds", "backtracks"):
+            assert isinstance(g[key], int) and g[key] >= 0, (name, key, g[key])
+        assert isinstance(g["warnings"], list) and all(isinstance(w, str) for w in g["warnings"])
+        assert finite(sk["import_s"])
+        for key in ("fit_s", "second_fit_s", "predict_s", "cv3_s"):
+            assert finite(sk["iso"][key]), (name, key)
+        assert finite(sk["ard"].get("fit_s")) or sk["ard"]["skipped"].startswith("skipped")
+        for m in (g["metrics"], sk["iso"]["metrics"]):
+            assert m["nlpd"] is not None and math.isfinite(m["nlpd"])  # a Gaussian NLPD may be negative
+            if r["task"] == "classification":
+                assert 0.0 <= m["error"] <= 1.0 and m["proba_row_sum_max_dev"] < 1e-6
+            else:
+                assert finite(m["rmse"])
+        assert set(r["targets"]) == {"second_fit", "first_fit_warm", "first_fit_cold", "import", "cv3"}
+        assert all(t["ok"] in (True, False) for k, t in r["targets"].items() if k != "cv3"), r["targets"]
+    assert rows["iris"]["gpvi"]["metrics"]["error"] < 0.2
+    assert rows["iris"]["targets"]["cv3"]["ok"] in (True, False) and rows["diabetes"]["targets"]["cv3"]["ok"] is None
+    assert "Targets" in (tmp_path / "small_quick.md").read_text()
