@@ -604,6 +604,39 @@ class GPClassifier(ClassifierMixin, _LabelEstimator):
             return _defaults.likelihood_start("softmax", y, levels=C)
         return _defaults.likelihood_start("bernoulli", y, link=self.link)
 
+    def partial_fit(self, X, y, classes=None):
+        """Online learning (see :meth:`_GPEstimator.partial_fit`).  ``classes`` (scikit-learn's
+        convention) lists every label, in any order; it is needed on the first call only, and
+        that first batch may then lack some of them: ``classes_`` (and ``predict_proba``'s
+        columns) are the given classes from the start, a class without rows starting at a small
+        prior mean (half a row's frequency; the Bernoulli base rate is clipped likewise).
+        Labels outside ``classes`` are refused.  Later batches update the posterior of a binary
+        classifier; after a multiclass (softmax) first batch they raise ``NotImplementedError``
+        (there is no online update of coupled latents yet)."""
+        if classes is None or hasattr(self, "fit_result_"):
+            return super().partial_fit(X, y, classes)
+        classes = np.unique(np.asarray(classes))
+        if classes.ndim != 1 or len(classes) < 2:
+            raise ValueError(f"classes must list at least two labels, got {classes.tolist()}")
+        labels = np.asarray(y)
+        unknown = _label_codes(labels.reshape(-1), {c: k for k, c in enumerate(classes.tolist())}) < 0
+        if np.any(unknown):
+            raise ValueError(f"y has labels {_first_ones(labels.reshape(-1)[unknown].tolist(), 5)} that are not "
+                             f"in classes {classes.tolist()}")
+        self._given_classes = classes
+        try:
+            return super().partial_fit(X, y)
+        finally:
+            del self._given_classes
+
+    def _encode_classes(self, y):
+        given = getattr(self, "_given_classes", None)
+        if given is None:
+            return super()._encode_classes(y)
+        check_classification_targets(y)
+        self.classes_ = given
+        return _label_codes(np.asarray(y).reshape(-1), {c: k for k, c in enumerate(given.tolist())}).astype(np.float64)
+
     def fit(self, X, y):
         """Fit to inputs ``X`` (n_samples, n_features) and class labels ``y`` (n_samples,)."""
         return self._fit(X, y)
