@@ -1,5 +1,6 @@
 """``GPClassifier.partial_fit(classes=...)`` (issue 33): the first batch may lack some of the
-listed classes; ``classes_`` and ``predict_proba``'s columns are the given classes from the start."""
+listed classes; ``classes_`` and ``predict_proba``'s columns are the given classes from the start;
+later batches update a multiclass (softmax) posterior latent by latent."""
 import numpy as np
 import pytest
 
@@ -55,8 +56,33 @@ def test_multiclass_first_batch_missing_a_class():
     np.testing.assert_allclose(p.sum(axis=1), 1.0, atol=1e-8)
     assert np.mean(est.predict(X) == y) > 0.9
     assert np.all(p[:, 2] < 0.5)  # never seen: not predicted
-    with pytest.raises(NotImplementedError, match="multiclass"):
-        est.partial_fit(X[:5], y[:5])
+    # later batches with the third class update all three latents
+    for seed in (5, 6):
+        X2, y2 = _blobs(90, [0, 1, 2], seed)
+        est.partial_fit(X2, y2)
+    Xt, yt = _blobs(300, [0, 1, 2], 7)
+    assert np.mean(est.predict(Xt) == yt) > 0.9
+    assert est.fit_result_.extras["rows_seen"] == 180
+
+
+def test_block_update_is_the_single_latent_update():
+    """The latent-block path of ``update`` (an Objective's unscaled batch sums, then the
+    assumed-density step in each block) on a one-latent model gives the minibatch path's
+    posterior: two ways of taking the same sums."""
+    import gpvi
+    from gpvi.fitting import stream
+
+    rng = np.random.default_rng(8)
+    X = rng.normal(size=(80, 2))
+    y = (X[:, 0] + 0.3 * rng.normal(size=80) > 0).astype(float)
+    model = gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=[1.0, 1.0]), gpvi.likelihoods.Bernoulli(), inducing=X[:10])
+    fit = gpvi.fit(model, X[:40], y[:40])
+    ref = stream.update(fit, X[40:], y[40:], batch_size=16)
+    codes = fit.model.likelihood.validate(y[40:])  # the likelihood's internal coding, as update() passes it
+    state = stream._update_blocks(fit.model, fit.state, X[40:], codes, np.zeros(40), 16)
+    np.testing.assert_allclose(np.asarray(state.mean), np.asarray(ref.state.mean), rtol=1e-9, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(state.chol), np.asarray(ref.state.chol), rtol=1e-9, atol=1e-10)
+    assert not np.allclose(np.asarray(state.mean), np.asarray(fit.state.mean))  # it moved
 
 
 def test_labels_outside_classes_and_too_few_classes_are_refused():

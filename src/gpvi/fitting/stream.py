@@ -17,7 +17,8 @@ from gpvi.fitting.posterior import FitResult
 from gpvi.fitting.problem import check_init as _check_init, learned_names as _learned_names
 from gpvi.fitting.runner import BLAS_LIMIT as _BLAS_LIMIT
 from gpvi.models.base import Model, check_X
-from gpvi.objective import Chunks, State, minibatch_sums, num_blocks, prior_state
+from gpvi.models.multilatent import MultiLatent
+from gpvi.objective import Chunks, Objective, State, minibatch_sums, num_blocks, prior_state
 from gpvi.data.stream import as_stream
 from gpvi._watchdog import watched
 
@@ -145,10 +146,17 @@ def as_sparse(fit: FitResult) -> FitResult:
     import dataclasses
 
     from gpvi.models.base import GP, SparseGP
+    from gpvi.models.multilatent import MultiLatent
 
-    if not isinstance(fit.model, GP):
-        return fit
     m = fit.model
+    if isinstance(m, MultiLatent) and all(type(lat) is GP for lat in m.latents):
+        # latent by latent (every latent of a MultiLatent.full has the training inputs)
+        Z = np.asarray(fit.prior[0][0])
+        sparse = MultiLatent(tuple(SparseGP(lat.kernel, None, inducing=Z, mean=lat.mean, jitter=lat.jitter)
+                                   for lat in m.latents), m.likelihood)
+        return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, jnp.asarray(Z)))
+    if not isinstance(m, GP):
+        return fit
     Z = np.asarray(fit.prior[0])
     sparse = SparseGP(m.kernel, m.likelihood, inducing=Z, mean=m.mean, jitter=m.jitter)
     return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, jnp.asarray(Z)))
@@ -163,11 +171,19 @@ def update(fit: FitResult, X, y, offset=None, *, batch_size: int = 4096) -> FitR
     stay fixed.  With a Gaussian likelihood the result is exact: the posterior given all rows
     seen so far.  ``y`` is in the likelihood's support (as for :func:`gpvi.fit`); ``vlb`` of the
     result is NaN (no full pass) and ``extras["rows_seen"]`` counts the rows added.
+
+    With several latent functions (a :class:`~gpvi.models.multilatent.MultiLatent` of sparse
+    GPs, e.g. softmax) the step is taken in every latent's block from the batch's per-latent
+    sums (the diagonal blocks of the likelihood's curvature: a likelihood that couples the
+    latents is linearised latent by latent, as in fpi's per-latent step).
     """
     from gpvi.engines.sfp import assumed_density_step
 
     model = fit.model
     check_model(model, "update")
+    if isinstance(model, MultiLatent) and any(type(lat).__name__ == "GP" for lat in model.latents):
+        raise ValueError("update needs sparse latents (a full GP has one weight per training row): convert the fit "
+                         "with gpvi.fitting.stream.as_sparse first")
     X = check_X(X, "X")
     y = model.likelihood.validate(y)
     if y.shape[0] != X.shape[0]:
@@ -180,22 +196,48 @@ def update(fit: FitResult, X, y, offset=None, *, batch_size: int = 4096) -> FitR
         raise ValueError(f"offset must be a finite (N,) array matching X's {X.shape[0]} rows")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-    state, blocks = fit.state, num_blocks(fit.state.mean.shape[0])
+    state, blocks = fit.state, num_blocks(fit.state.mean.shape[-1])
     n = X.shape[0]
     B = min(int(batch_size), n)
-    for s in range(0, n, B):
-        # fixed batch shape (padded, masked) so that one compiled program serves every batch
-        idx = np.arange(s, s + B) % n
-        mask = (np.arange(s, s + B) < n).astype(float)
-        ch = Chunks(jnp.asarray(X[idx]), jnp.asarray(y[idx]), jnp.asarray(off[idx]), jnp.asarray(mask))
-        sums = minibatch_sums(model, fit.prior, ch, state, 1.0, blocks, clip_gamma=True)
-        new = assumed_density_step(state, sums.grad, sums.S)
-        if not (np.all(np.isfinite(np.asarray(new.mean))) and np.all(np.isfinite(np.asarray(new.chol)))):
-            raise ValueError(f"the online update by rows {s}..{min(s + B, n) - 1} gave a non-finite posterior")
-        state = new
+    if isinstance(model, MultiLatent):
+        state = _update_blocks(model, state, X, y, off, B)
+    else:
+        for s in range(0, n, B):
+            # fixed batch shape (padded, masked) so that one compiled program serves every batch
+            idx = np.arange(s, s + B) % n
+            mask = (np.arange(s, s + B) < n).astype(float)
+            ch = Chunks(jnp.asarray(X[idx]), jnp.asarray(y[idx]), jnp.asarray(off[idx]), jnp.asarray(mask))
+            sums = minibatch_sums(model, fit.prior, ch, state, 1.0, blocks, clip_gamma=True)
+            new = assumed_density_step(state, sums.grad, sums.S)
+            if not (np.all(np.isfinite(np.asarray(new.mean))) and np.all(np.isfinite(np.asarray(new.chol)))):
+                raise ValueError(f"the online update by rows {s}..{min(s + B, n) - 1} gave a non-finite posterior")
+            state = new
     extras = dict(fit.extras)
     extras["rows_seen"] = extras.get("rows_seen", 0) + n
     import dataclasses
 
     return dataclasses.replace(fit, state=state, vlb=float("nan"), converged=False, gap=float("nan"),
                                message=f"online update by {n} row(s) (assumed-density steps)", extras=extras)
+
+
+def _update_blocks(model, state: State, X, y, off, B: int) -> State:
+    """:func:`update`'s steps latent block by latent block: each batch's unscaled sums at the
+    current state from an :class:`~gpvi.objective.Objective` on the batch (which pads the rows
+    to a size bucket, so batches share compiled programs), then
+    :func:`gpvi.engines.sfp.assumed_density_step` in every block."""
+    from gpvi._batching import map_latents
+    from gpvi.engines.sfp import assumed_density_step
+
+    n = X.shape[0]
+    for s in range(0, n, B):
+        sl = slice(s, min(s + B, n))
+        sums = Objective(model, X[sl], y[sl], off[sl]).sums(state, clip_gamma=True)
+        grad, S = (sums.grad, sums.S) if sums.grad.ndim == 2 else (sums.grad[None], sums.S[None])
+        stacked = state if state.mean.ndim == 2 else State(state.mean[None], state.chol[None])
+        new = map_latents(assumed_density_step, stacked, grad, S)
+        if state.mean.ndim == 1:
+            new = State(new.mean[0], new.chol[0])
+        if not (np.all(np.isfinite(np.asarray(new.mean))) and np.all(np.isfinite(np.asarray(new.chol)))):
+            raise ValueError(f"the online update by rows {s}..{sl.stop - 1} gave a non-finite posterior")
+        state = new
+    return state

@@ -55,7 +55,6 @@ from gpvi.fitting import defaults as _defaults
 from gpvi.sklearn import damping as _damping
 from gpvi import kernels
 from gpvi import likelihoods, priors
-from gpvi.models.multilatent import MultiLatent
 from gpvi.likelihoods.warped import Warped
 from gpvi.likelihoods.scalar import QuasiPoisson
 from gpvi.fitting.fit import fit as _fit
@@ -294,11 +293,6 @@ class _GPEstimator(BaseEstimator):
         if y.ndim != 1 or y.shape[0] != X.shape[0]:
             raise ValueError(f"y must have one entry per row of X ({X.shape[0]}), got shape {y.shape}")
         offset = _log_exposure(exposure, X.shape[0])
-        if isinstance(self.fit_result_.model, MultiLatent):
-            # gpvi.fitting.stream.update's assumed-density steps are single-latent; the softmax couples
-            # the class latents, so there is no per-latent online update yet.
-            raise NotImplementedError("partial_fit after a multiclass (softmax) fit is not supported yet: refit "
-                                      "with fit(), or use two classes")
         if self.model_kind_ == "full":
             # the full GP's posterior is that of a sparse GP with the training inputs as inducing inputs
             from gpvi.fitting.stream import as_sparse
@@ -610,9 +604,8 @@ class GPClassifier(ClassifierMixin, _LabelEstimator):
         that first batch may then lack some of them: ``classes_`` (and ``predict_proba``'s
         columns) are the given classes from the start, a class without rows starting at a small
         prior mean (half a row's frequency; the Bernoulli base rate is clipped likewise).
-        Labels outside ``classes`` are refused.  Later batches update the posterior of a binary
-        classifier; after a multiclass (softmax) first batch they raise ``NotImplementedError``
-        (there is no online update of coupled latents yet)."""
+        Labels outside ``classes`` are refused.  Later batches update the posterior (for several
+        classes latent by latent: :func:`gpvi.fitting.stream.update`)."""
         if classes is None or hasattr(self, "fit_result_"):
             return super().partial_fit(X, y, classes)
         classes = np.unique(np.asarray(classes))
