@@ -1,4 +1,7 @@
-"""Helpers shared by the command-line tests: run ``gpvi`` in process, check a one-line error."""
+"""Helpers shared by the command-line tests: run ``gpvi`` in process, check a one-line error,
+write and read CSV files."""
+import csv
+
 from gpvi.cli import main
 
 
@@ -19,3 +22,19 @@ def assert_bad_input(rc, err, *needles):
     assert lines[0].startswith("gpvi: error: ")
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
+
+
+def write_csv(path, header, rows):
+    """Write ``rows`` under ``header`` to the CSV file ``path``; returns ``path``."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def read_csv(path):
+    """``(header, rows)`` of the CSV file ``path``, every cell a string."""
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    return rows[0], rows[1:]

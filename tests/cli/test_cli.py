@@ -16,23 +16,7 @@ import pytest
 
 import gpvi
 from gpvi.cli import main
-from clitools import assert_bad_input, run  # noqa: E402
-
-
-def write_csv(path, header, rows):
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        w.writerows(rows)
-    return path
-
-
-def read_csv(path):
-    with open(path, newline="") as fh:
-        rows = list(csv.reader(fh))
-    return rows[0], rows[1:]
-
-
+from clitools import assert_bad_input, read_csv, run, write_csv  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------- data

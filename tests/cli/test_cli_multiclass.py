@@ -2,7 +2,6 @@
 ``--likelihood softmax`` or without ``--likelihood`` (chosen from the target, with a line saying
 so), ``gpvi predict`` with one probability column per class, and the bad inputs."""
 import contextlib
-import csv
 import io
 from types import SimpleNamespace
 
@@ -13,23 +12,9 @@ import gpvi
 import gpvi.cli as cli
 from gpvi.cli import main
 from gpvi.cli.common import AUTO_INTEGER_CLASSES, MAX_CLASSES
-from clitools import assert_bad_input, run  # noqa: E402
+from clitools import assert_bad_input, read_csv, run, write_csv  # noqa: E402
 
 FEATURES = ["sepal_length", "sepal_width", "petal_length", "petal_width"]
-
-
-def write_csv(path, header, rows):
-    with open(path, "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(header)
-        w.writerows(rows)
-    return path
-
-
-def read_csv(path):
-    with open(path, newline="") as fh:
-        rows = list(csv.reader(fh))
-    return rows[0], rows[1:]
 
 
 @pytest.fixture(scope="module")
