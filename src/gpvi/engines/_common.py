@@ -251,10 +251,10 @@ def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direct
     R = jax.lax.cond(jnp.logical_and(update_cov, alpha < 1.0), damped, lambda: RH)
     # Λ'⁻¹ g = J (R Rᵀ)⁻¹ J g
     if direction is not None:
-        step = alpha * direction
+        mean = jnp.where(update_mean, state.mean + alpha * direction, state.mean)
     else:
-        step = alpha * cho_solve((R, True), grad[::-1])[::-1]
-    mean = jnp.where(update_mean, state.mean + step, state.mean)
+        mean = jax.lax.cond(update_mean, lambda: state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1],
+                            lambda: state.mean)
     # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
     chol = jax.lax.cond(update_cov, lambda: flip(tri_inv(R).T), lambda: state.chol)
     return State(mean, chol)
