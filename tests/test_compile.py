@@ -267,3 +267,17 @@ def test_the_counter_sees_a_new_shape(rng):
     assert bucket(40) != bucket(200)
     gpvi.GPClassifier(model="sparse", inducing=20).fit(X, y)
     assert counter.count > before
+
+
+def test_several_latents_pad_rows_only_on_small_training_sets(rng):
+    """Padding to a bucket costs up to 20 % more rows per pass; for several latents it is kept
+    to the small sizes where a new compiled shape costs more than the padded rows."""
+    from gpvi.objective import MULTI_LATENT_BUCKET_MAX, pads_rows
+
+    Z = rng.normal(size=(8, 2))
+    multi = gpvi.MultiLatent.sparse(gpvi.kernels.RBF(), gpvi.Softmax(num_classes=3), inducing=Z)
+    single = gpvi.SparseGP(gpvi.kernels.RBF(), L.Bernoulli(), inducing=Z)
+    assert pads_rows(multi, MULTI_LATENT_BUCKET_MAX) and not pads_rows(multi, MULTI_LATENT_BUCKET_MAX + 1)
+    assert pads_rows(single, 20000)
+    assert not pads_rows(gpvi.GP(gpvi.kernels.RBF(), L.Bernoulli()), 100)
+    assert not pads_rows(gpvi.MultiLatent.full(gpvi.kernels.RBF(), gpvi.Softmax(num_classes=3)), 100)

@@ -37,7 +37,7 @@ from gpvi.fitting.problem import check_known
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.priors import LogPrior
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
-from gpvi.objective import (as_device_array, bucketable, full_gp_latents, make_chunks, prior_inputs, vlb_envelope,
+from gpvi.objective import (as_device_array, full_gp_latents, make_chunks, pads_rows, prior_inputs, vlb_envelope,
                             vlb_in_hyperparameters)
 
 __all__ = ["Outcome", "choose", "fixed", "profile", "on_collapsed_bound", "joint", "engine_owned",
@@ -221,7 +221,7 @@ def profile_search(problem, runner, model, names, state):
     blockwise = problem.source is not None
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
-    chunks = None if blockwise else make_chunks(X, y, offset, problem.chunk_size, bucketed=bucketable(model))
+    chunks = None if blockwise else make_chunks(X, y, offset, problem.chunk_size, bucketed=pads_rows(model, X.shape[0]))
     # padded rows share compiled programs (the block-wise path has its own fixed block shapes)
     Xj = as_device_array(X) if blockwise else prior_inputs(model, as_device_array(X), chunks)
     # Inner runs need only be as exact as the search's progress requires: their gap
