@@ -105,9 +105,10 @@ def test_multi_latent_programs_have_no_batched_lapack_call(tmp_path):
     dump = tmp_path / "hlo"
     out = _run(_MULTI_LATENT_PROGRAMS, timeout=600, env={
         "GPVI_COMPILATION_CACHE": "0",  # compile everything here, so that everything is dumped
-        # LLVM at optimisation level 0 compiles faster and leaves the optimised HLO scanned here as it is
+        # LLVM at optimisation level 0 and the older elementwise emitters compile faster (as in
+        # conftest.py) and leave the optimised HLO scanned here, with its LAPACK calls, as it is
         "XLA_FLAGS": f"--xla_dump_to={dump} --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=NONE "
-                     "--xla_backend_optimization_level=0"})
+                     "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"})
     assert out.returncode == 0 and "programs done" in out.stdout, out.stderr[-3000:]
     assert len(list(dump.glob("*cpu_after_optimizations.txt"))) > 20  # the dump did happen
     assert batched_lapack_calls(dump) == []

@@ -22,9 +22,12 @@ scikit-learn's own estimator tags:
   ``GPCountRegressor`` is checked with fixed hyperparameters for the same reason (its learned
   fits took 49 s of the suite's checks); its learned fits are tested below.  ``GPRegressor``
   learns its hyperparameters in the checks (the collapsed bound is cheap), and so does
-  ``GPOrdinalRegressor``: the check's three blobs are not in ordinal order along any one
-  direction, and one latent function passes ``check_classifiers_train``'s accuracy threshold
-  only with its lengthscales learned.
+  ``GPOrdinalRegressor`` (with at most 5 rounds of its hyperparameter search): the check's three
+  blobs are not in ordinal order along any one direction, and one latent function passes
+  ``check_classifiers_train``'s accuracy threshold only with its lengthscales learned.  Five
+  rounds reach 0.91 training accuracy on the three blobs and 0.97 on two (the full search: 0.91
+  and 0.97, 14 rounds), at a third of the time: the full searches took 150 s of the suite's
+  checks.  Its default search is tested in ``test_ordinal_levels.py`` and below.
 - ``GPCountRegressor`` declares ``target_tags.positive_only`` (counts are non-negative) and
   ``regressor_tags.poor_score``: the score threshold of ``check_regressors_train`` (> 0.5 on a
   standardised continuous target shifted to [1, 7.5]) does not apply to a Poisson model — that
@@ -57,7 +60,7 @@ from sklearn.preprocessing import StandardScaler  # noqa: E402
 from sklearn.utils.estimator_checks import estimator_checks_generator, parametrize_with_checks  # noqa: E402
 
 ESTIMATORS = [GPClassifier(learn_hyperparameters=False), GPRegressor(), GPCountRegressor(learn_hyperparameters=False),
-              GPOrdinalRegressor()]
+              GPOrdinalRegressor(max_rounds=5)]
 
 # ---- scikit-learn's estimator checks -------------------------------------------------------
 
