@@ -14,8 +14,7 @@ import numpy as np
 from gpvi._module import matching_parameters
 from gpvi.fitting.predict import latent_moments, likelihood_call
 from gpvi.fitting.problem import check_offset, learnable_parameters
-from gpvi.kernels import same_rows
-from gpvi.models.base import GLM, GP, Model, SparseGP, check_X, cholesky, jitter_scale
+from gpvi.models.base import GLM, GP, Model, SparseGP, check_X
 from gpvi.objective import DEFAULT_CHUNK, State
 
 __all__ = ["FitResult", "effective_jitter", "SUMMARY_MAX_PARAMETERS"]
@@ -304,23 +303,10 @@ class FitResult:
 
 # ---- full covariance -----------------------------------------------------------------------
 
-def _conditional_cov(model, prior, X, At):
-    """``K_** − AᵀA``: the prior covariance of the latent at ``X`` given the whitened weights."""
-    if isinstance(model, GLM):
-        return jnp.zeros((X.shape[0], X.shape[0]), X.dtype)
-    if isinstance(model, SparseGP):
-        return model.kernel(X, X) - At.T @ At
-    if isinstance(model, GP):
-        nugget = prior[2]
-        return model.kernel(X, X) + nugget * same_rows(X, X) - At.T @ At
-    raise NotImplementedError(f"predict_f_cov: no full covariance for a {type(model).__name__} "
-                              "(GP, SparseGP, GLM and MultiLatent of them have one)")
-
-
 def _single_mean_cov(model, prior, mean, chol, X):
     At, b, _ = model.project(prior, X)
     B = chol.T @ At  # L_Vᵀ A, (d, n)
-    cov = _conditional_cov(model, prior, X, At) + B.T @ B
+    cov = model.conditional_cov(prior, X, At) + B.T @ B
     return mean @ At + b, 0.5 * (cov + cov.T)
 
 
@@ -336,15 +322,6 @@ def _latent_mean_cov(model, prior, state, X):
 
 # ---- jitter --------------------------------------------------------------------------------
 
-def _relative(start, absolute, scale):
-    """The relative jitter ``j`` of an absolute one ``j·s``: ``start·10^k`` (the only values
-    :func:`gpvi.models.base.cholesky` tries), k read off the ratio."""
-    ratio = float(absolute) / (float(start) * float(scale))
-    if not np.isfinite(ratio) or ratio <= 0:
-        return float("nan")
-    return float(start) * 10.0 ** round(math.log10(ratio))
-
-
 def effective_jitter(model, prior=None, X=None) -> float:
     """The relative jitter ``j`` that the Cholesky factorisation of ``model``'s prior used (see
     :func:`gpvi.models.base.cholesky`: ``j·s·I`` added, ``s`` the mean prior variance, ``j``
@@ -354,34 +331,10 @@ def effective_jitter(model, prior=None, X=None) -> float:
     ``prior`` is the model's prior cache on its training inputs (a full GP's holds the nugget
     ``j·s`` it added; a sparse GP's Cholesky factor ``L`` gives it as the mean of
     ``diag(L Lᵀ) − diag(K_ZZ)``); without it ``K_ZZ`` (sparse GP) or ``K(X, X)`` on the training
-    inputs ``X`` (full GP) is factorised again.
+    inputs ``X`` (full GP) is factorised again.  Each model answers for itself
+    (:meth:`gpvi.models.base.Model.relative_jitter`).
     """
-    lats = getattr(model, "latents", None)
-    if lats is not None:
-        caches = prior if prior is not None else (None,) * len(lats)
-        vals = [effective_jitter(lat, pc, X) for lat, pc in zip(lats, caches)]
-        vals = [v for v in vals if np.isfinite(v)]
-        return max(vals) if vals else float("nan")
-    if isinstance(model, SparseGP):
-        K = model.kernel.inducing_cov(jnp.asarray(model.inducing))
-        scale = float(jitter_scale(K))
-        if prior is not None and model.jitter >= 1e-12:
-            # L Lᵀ = K + j·s·I: the added j·s is the mean of diag(L Lᵀ) − diag(K) (no refactorisation)
-            L = jnp.asarray(prior)
-            added = float(jnp.mean(jnp.sum(L * L, axis=1) - jnp.diag(K)))
-            if added >= 0.5 * model.jitter * scale:
-                return _relative(model.jitter, added, scale)
-        return _relative(model.jitter, cholesky(K, model.jitter)[1], scale)
-    if isinstance(model, GP):
-        if prior is not None:
-            Xp, _, nugget = prior
-            return _relative(model.jitter, nugget, jnp.maximum(jnp.mean(model.kernel.diag(Xp)),
-                                                               jnp.finfo(jnp.float64).tiny))
-        if X is None:
-            return float("nan")
-        K = model.kernel(jnp.asarray(X), jnp.asarray(X))
-        return _relative(model.jitter, cholesky(K, model.jitter)[1], jitter_scale(K))
-    return float("nan")
+    return model.relative_jitter(prior, X)
 
 
 # ---- formatting ----------------------------------------------------------------------------

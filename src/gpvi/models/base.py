@@ -20,6 +20,7 @@ and :meth:`Model.project` (a_i, b_i, c_i for a chunk of rows).
 """
 from __future__ import annotations
 
+import math
 import numbers
 import sys
 
@@ -241,6 +242,29 @@ class Model(Module):
         with no solve).  ``None`` where the model has none (the default)."""
         return None
 
+    def conditional_cov(self, cache, X, At):
+        """``K_** − AᵀA`` (n, n): the prior covariance of the latent at ``X`` (n, D) that the
+        weights leave, given ``At = project(cache, X)[0]``; the full-covariance counterpart of
+        ``c`` (see :meth:`gpvi.FitResult.predict_f_cov`)."""
+        raise NotImplementedError(f"predict_f_cov: no full covariance for a {type(self).__name__} "
+                                  "(GP, SparseGP, GLM and MultiLatent of them have one)")
+
+    def relative_jitter(self, cache=None, X=None) -> float:
+        """The relative jitter ``j`` the factorisation of this model's prior used (``j·s·I``
+        added, ``s`` the mean prior variance; see :func:`cholesky`), from the prior ``cache``
+        on the training inputs where given, else by factorising again (a full GP needs its
+        training inputs ``X`` then).  NaN for a model without jitter (the default)."""
+        return float("nan")
+
+
+def _relative(start, absolute, scale):
+    """The relative jitter ``j`` of an absolute one ``j·s``: ``start·10^k`` (the only values
+    :func:`cholesky` tries), k read off the ratio."""
+    ratio = float(absolute) / (float(start) * float(scale))
+    if not np.isfinite(ratio) or ratio <= 0:
+        return float("nan")
+    return float(start) * 10.0 ** round(math.log10(ratio))
+
 
 def factored(model) -> bool:
     """Whether ``model`` defines :meth:`Model.raw_features`."""
@@ -265,6 +289,9 @@ class GLM(Model):
     def project(self, cache, Xc):
         z = jnp.zeros(Xc.shape[0], Xc.dtype)
         return Xc.T * cache, z, z
+
+    def conditional_cov(self, cache, X, At):
+        return jnp.zeros((X.shape[0], X.shape[0]), X.dtype)  # the weights determine f exactly
 
 
 class SparseGP(Model):
@@ -339,6 +366,21 @@ class SparseGP(Model):
         Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)
         return Kzx, jnp.full(Xc.shape[0], self.mean, Xc.dtype), self.kernel.diag(Xc)
 
+    def conditional_cov(self, cache, X, At):
+        return self.kernel(X, X) - At.T @ At
+
+    def relative_jitter(self, cache=None, X=None) -> float:
+        """From the prior cache ``L``: the added ``j·s`` is the mean of ``diag(L Lᵀ) − diag(K_ZZ)``
+        (no refactorisation); without it ``K_ZZ`` is factorised again."""
+        K = self.kernel.inducing_cov(jnp.asarray(self.inducing))
+        scale = float(jitter_scale(K))
+        if cache is not None and self.jitter >= 1e-12:
+            L = jnp.asarray(cache)
+            added = float(jnp.mean(jnp.sum(L * L, axis=1) - jnp.diag(K)))
+            if added >= 0.5 * self.jitter * scale:
+                return _relative(self.jitter, added, scale)
+        return _relative(self.jitter, cholesky(K, self.jitter)[1], scale)
+
 
 class GP(Model):
     """Full GP, ``f ~ N(mean, K(X, X))``, whitened by ``L = chol K``; O(N³) per fit.
@@ -373,6 +415,22 @@ class GP(Model):
         X, L, _ = cache
         N = X.shape[0]
         return L.T, jnp.full(N, self.mean, L.dtype), jnp.zeros(N, L.dtype)
+
+    def conditional_cov(self, cache, X, At):
+        nugget = cache[2]
+        return self.kernel(X, X) + nugget * same_rows(X, X) - At.T @ At
+
+    def relative_jitter(self, cache=None, X=None) -> float:
+        """From the prior cache, which holds the nugget ``j·s`` it added; without it ``K(X, X)``
+        on the training inputs ``X`` is factorised again (NaN with neither)."""
+        if cache is not None:
+            Xp, _, nugget = cache
+            return _relative(self.jitter, nugget, jnp.maximum(jnp.mean(self.kernel.diag(Xp)),
+                                                              jnp.finfo(jnp.float64).tiny))
+        if X is None:
+            return float("nan")
+        K = self.kernel(jnp.asarray(X), jnp.asarray(X))
+        return _relative(self.jitter, cholesky(K, self.jitter)[1], jitter_scale(K))
 
 
 def _lower_inverse(L):

@@ -145,3 +145,10 @@ class MultiLatent(Model):
     def jitter(self):
         return max(float(getattr(l, "jitter", 0.0)) for l in self.latents)
 
+    def relative_jitter(self, cache=None, X=None) -> float:
+        """The largest relative jitter over the latents (NaN where none has one)."""
+        caches = cache if cache is not None else (None,) * len(self.latents)
+        vals = [l.relative_jitter(pc, X) for l, pc in zip(self.latents, caches)]
+        vals = [v for v in vals if np.isfinite(v)]
+        return max(vals) if vals else float("nan")
+
