@@ -37,6 +37,7 @@ import dataclasses
 import math
 
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
 from gpvi._module import Module, matching_parameters
 
@@ -221,6 +222,20 @@ class LogPrior:
                 g = g + dv
             grad[n] = g
         return total, grad
+
+    def value(self, theta: dict) -> float:
+        """``log p(θ)`` alone (0 without a prior term)."""
+        return float(self(theta)[0]) if self.terms else 0.0
+
+    def penalise(self, theta: dict, neg_bound: float, grad):
+        """A search's objective and flat gradient with the prior: ``(−bound − log p(θ),
+        grad − ∇log p(θ), log p(θ))``, from the negated bound and its gradient ``grad``
+        (flattened as ``jax.flatten_util.ravel_pytree`` flattens ``theta``); unchanged, with
+        log p = 0, without a prior term."""
+        if not self.terms:
+            return float(neg_bound), grad, 0.0
+        lp, lg = self(theta)
+        return float(neg_bound) - lp, grad - np.asarray(ravel_pytree(lg)[0]), lp
 
 
 def weak(model: Module, *, noise: bool = False, dimensions: int = 1) -> dict:

@@ -39,13 +39,15 @@ from jax.scipy.linalg import solve_triangular
 from gpvi._compile import bucket
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.likelihoods import Gaussian
+from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.problem import check_offset
 from gpvi.likelihoods.base import as_array
 from gpvi.models.base import GLM, GP, SparseGP, check_X
 from gpvi.objective import make_chunks
 from gpvi._watchdog import paused
+from gpvi.priors import LogPrior
 
-__all__ = ["applies", "collapsed_bound", "learn", "stop_message"]
+__all__ = ["applies", "collapsed_bound", "learn"]
 
 _LOG2PI = float(np.log(2.0 * np.pi))
 
@@ -149,34 +151,22 @@ def collapsed_bound(model, X, y, offset=None, chunk_size: int = 2048) -> float:
     return float(_value(model, _padded_data(model, X, y, offset, chunk_size)))
 
 
-def stop_message(out, max_rounds, limit: str = "max_rounds") -> str:
-    """Why a SciPy L-BFGS-B run ``out`` (an ``OptimizeResult``) of at most ``max_rounds``
-    iterations stopped: its message, prefixed ``"max_rounds reached"`` when it ran out of rounds
-    (``limit`` names the limit in that prefix)."""
-    msg = getattr(out, "message", "") or ""
-    msg = msg.decode() if isinstance(msg, bytes) else str(msg)  # bytes: old SciPy versions
-    if int(getattr(out, "nit", 0)) >= max_rounds:
-        return f"{limit} reached ({max_rounds} L-BFGS-B iterations): {msg}" if msg else f"{limit} reached"
-    return msg or "L-BFGS-B stopped (no message)"
-
-
-def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None, log_prior=None, info=None):
+def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None, log_prior=None):
     """L-BFGS-B on the collapsed bound in the unconstrained parameters ``names``.
 
-    Returns ``(model, iterations, rows, evaluations)``: the model with the best parameters
-    evaluated, the L-BFGS-B iteration count, the (seconds since ``t0``, bound) of every iteration
-    (the first row at the start) and the number of evaluations of the bound (the one at the start
-    included; each is the optimal ``q`` in closed form, which :func:`gpvi.fit` counts as one
-    iteration and one pass over the data).  ``callback(iteration, bound, seconds)`` as in :func:`gpvi.fit`.
+    Returns ``(model, iterations, rows, evaluations, message)``: the model with the best
+    parameters evaluated, the L-BFGS-B iteration count, the (seconds since ``t0``, bound) of every
+    iteration (the first row at the start), the number of evaluations of the bound (the one at the
+    start included; each is the optimal ``q`` in closed form, which :func:`gpvi.fit` counts as one
+    iteration and one pass over the data) and why L-BFGS-B stopped
+    (:func:`gpvi.fitting.lbfgs.stop_message`).  ``callback(iteration, bound, seconds)`` as in :func:`gpvi.fit`.
     Stops when the bound changes by at most ``tol · max(1, |bound|)`` between iterations.
     ``log_prior``: a :class:`gpvi.priors.LogPrior` of ``names`` (or None): the search then
     maximises bound + log p(θ); ``rows`` still record the bound.
-    ``info``: a dict (or None) that receives ``info["message"]``, why L-BFGS-B stopped
-    (:func:`stop_message`: SciPy's message, prefixed ``"max_rounds reached"``
-    when it ran out of rounds).
     """
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
+    log_prior = log_prior if log_prior is not None else LogPrior(model, names, {})
     data = _padded_data(model, X, y, offset, chunk_size)
     best = [np.inf, None]
     rows = []
@@ -186,11 +176,8 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
         evaluations[0] += 1
         theta = unravel(jnp.asarray(x))
         val, g = _value_and_grad(theta, model, data)
-        val = float(val)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
-        if log_prior:
-            lp, lg = log_prior(theta)
-            val, g = val - lp, g - np.asarray(jax.flatten_util.ravel_pytree(lg)[0])
+        val, g, _ = log_prior.penalise(theta, val, g)  # maximise bound + log p(θ)
         if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)  # the line search backs off
         if val < best[0]:
@@ -198,7 +185,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
         return val, g
 
     def bound(x, f):  # the bound alone, without log p(θ)
-        return -f - (log_prior(unravel(jnp.asarray(x)))[0] if log_prior else 0.0)
+        return -f - log_prior.value(unravel(jnp.asarray(x)))
 
     def record(intermediate_result):  # scipy passes the OptimizeResult only under this name
         rows.append((time.perf_counter() - t0, bound(intermediate_result.x, float(intermediate_result.fun))))
@@ -214,7 +201,6 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     rows.append((time.perf_counter() - t0, bound(x0, f0)))
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
-    if info is not None:
-        info["message"] = stop_message(out, max_rounds)
     learned = unflatten_params(model, unravel(jnp.asarray(best[1])))
-    return learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2), evaluations[0]
+    return (learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2), evaluations[0],
+            stop_message(out, max_rounds))

@@ -33,6 +33,7 @@ import numpy as np
 import scipy.optimize
 
 from gpvi.fitting import collapsed, warmstart
+from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.problem import check_known
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.priors import LogPrior
@@ -117,9 +118,8 @@ def on_collapsed_bound(problem, runner, state, obj):
     one factorisation per evaluation; then one engine run, at the learned θ, for q."""
     p = problem
     names = p.learned_names()
-    info = {}
-    model, rounds, rows, evaluations = collapsed.learn(
-        p.model, names, p.X, p.y, p.offset, tol=p.tol, max_rounds=p.max_rounds, info=info,
+    model, rounds, rows, evaluations, search = collapsed.learn(
+        p.model, names, p.X, p.y, p.offset, tol=p.tol, max_rounds=p.max_rounds,
         log_prior=LogPrior(p.model, names, p.hyperprior),
         chunk_size=p.chunk_size, t0=runner.t0, callback=lambda i, v, s: runner.callback(i, v, s, shift=False))
     obj, res, trace = runner(model, state, p.tol)  # (the Laplace start's objective is of the old θ)
@@ -130,7 +130,7 @@ def on_collapsed_bound(problem, runner, state, obj):
     runner.counts.iterations += evaluations
     message = f"{res.message}; hyperparameters: {rounds} L-BFGS-B iteration(s) on the collapsed bound"
     return Outcome(model, res, message, np.concatenate([rows, trace]), rounds,
-                   None if learned else obj.prior, search=f"{info.get('message', '')} (collapsed bound)")
+                   None if learned else obj.prior, search=f"{search} (collapsed bound)")
 
 
 def profile(problem, runner, state, obj):
@@ -208,7 +208,7 @@ def profile_search(problem, runner, model, names, state):
     """L-BFGS-B on the profile bound in the parameters ``names`` of ``model``, from the engine's
     optimum ``state``; returns ``(model, iterations, {"rows": trace rows, "state": best state,
     "message": why the search stopped})`` (the message as
-    :func:`gpvi.fitting.collapsed.stop_message` writes it).
+    :func:`gpvi.fitting.lbfgs.stop_message` writes it).
 
     Every inner engine run adds to ``runner.counts``, so that the fit reports totals over the
     search.  With the Laplace engine (``Engine.evidence == "laplace"``) the objective is the
@@ -265,10 +265,7 @@ def profile_search(problem, runner, model, names, state):
         else:
             val, g = neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
-        lp = 0.0
-        if log_prior:  # maximise bound + log p(θ)
-            lp, lg = log_prior(theta)
-            val, g = float(val) - lp, g - np.asarray(jax.flatten_util.ravel_pytree(lg)[0])
+        val, g, lp = log_prior.penalise(theta, val, g)  # maximise bound + log p(θ)
         if not np.isfinite(float(val)) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
         memo["state"], memo["obj"] = res.state, new_obj  # warm start for the next evaluation
@@ -280,7 +277,7 @@ def profile_search(problem, runner, model, names, state):
     def traced(x, f):  # the trace records the VLB (f also holds −log p(θ) under a hyperprior)
         if laplace:
             return vlbs.get(np.asarray(x).tobytes(), -f)
-        return -f - (log_prior(unravel(jnp.asarray(x)))[0] if log_prior else 0.0)
+        return -f - log_prior.value(unravel(jnp.asarray(x)))
 
     def record(intermediate_result):
         rows.append((time.perf_counter() - t0, traced(intermediate_result.x, float(intermediate_result.fun))))
@@ -311,7 +308,7 @@ def profile_search(problem, runner, model, names, state):
     out = scipy.optimize.minimize(fun_once, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=problem.max_rounds, ftol=tol, gtol=1e-9))
     best_vlb, best_x, best_state = memo["best"]
-    message = collapsed.stop_message(out, problem.max_rounds)
+    message = stop_message(out, problem.max_rounds)
     if best_x is None:
         return model, int(out.nit), {"rows": rows, "state": state, "message": message}
     learned = unflatten_params(model, unravel(jnp.asarray(best_x)))

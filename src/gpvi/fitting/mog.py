@@ -49,7 +49,7 @@ from jax.scipy.linalg import cho_solve, solve_triangular  # noqa: F401
 
 from gpvi._module import flatten_params, unflatten_params
 from gpvi._watchdog import paused
-from gpvi.fitting.collapsed import stop_message
+from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.posterior import FitResult, effective_jitter
 from gpvi.fitting.predict import likelihood_call
 from gpvi.fitting.problem import learnable_parameters
