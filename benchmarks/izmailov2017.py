@@ -177,7 +177,7 @@ def run_svi(model, Xtr, ytr, Xte, yte, opts, epochs, eval_every):
             times.append(seconds[0])
             accs.append(accuracy(mdl, st, Xte, yte))
 
-    r = gpvi.fit(model, Xtr, ytr, engine="svi", learn_hyperparameters=True, max_iter=epochs, callback=cb,
+    r = gpvi.fit(model, Xtr, ytr, engine="svi", learn_hyperparameters=True, callback=cb,
                  engine_options=dict(opts, epochs=epochs, on_epoch=on_epoch))
     # svi (h16) compiles its minibatch step inside every fit, in the first epoch and on its
     # clock, even when the same shapes ran before; that one-off excess (the first epoch's time

@@ -59,6 +59,46 @@ def test_full_batch_unit_step_is_an_fpi_step(rng):
         np.testing.assert_allclose(V1, V2, rtol=0, atol=1e-10)
 
 
+def test_paper_schedule_is_one_thing_in_sfp_and_ivsgpr(rng):
+    """``"paper"`` is γ_t = 1/(1 + √t) for steps t = 1, 2, … in both minibatch engines that name it
+    (issue 30: sfp started at γ = 1, ivsgpr at 1/2).  With whole-data batches of a Gaussian model
+    and θ fixed, a step of size γ from the prior N(0, I) moves the natural parameters a fraction γ
+    of the way to the Titsias posterior's: after one step Λ = (1 − γ₁)I + γ₁Λ*, h = γ₁h*, after
+    two Λ = (1 − γ₂)Λ₁ + γ₂Λ*, h = (1 − γ₂)h₁ + γ₂h* (NumPy, closed form)."""
+    model, X, y = _problem(rng, N=120)
+    model = model.replace(kernel=gpvi.kernels.RBF(lengthscale=1.1))
+    m_opt, V_opt, _ = _titsias(model, X, y)
+    L_opt = np.linalg.inv(V_opt)
+    h_opt = L_opt @ m_opt
+    Lam, h = np.eye(len(m_opt)), np.zeros(len(m_opt))
+    for t in (1, 2):
+        g = 1.0 / (1.0 + np.sqrt(t))
+        Lam, h = (1 - g) * Lam + g * L_opt, (1 - g) * h + g * h_opt
+        want_m, want_V = np.linalg.solve(Lam, h), np.linalg.inv(Lam)
+        got = [gpvi.fit(model, X, y, engine="sfp", engine_options=dict(batch_size=len(y), max_steps=t)),
+               gpvi.fit(model, X, y, engine="ivsgpr", max_iter=t,
+                        engine_options=dict(batch_size=len(y), subproblem_evals=0))]
+        for res in got:
+            np.testing.assert_allclose(np.asarray(res.state.mean), want_m, rtol=0, atol=1e-9)
+            V = np.asarray(res.state.chol) @ np.asarray(res.state.chol).T
+            np.testing.assert_allclose(V, want_V, rtol=0, atol=1e-9)
+
+
+def test_max_iter_counts_minibatch_steps_in_every_stochastic_engine(rng):
+    """``max_iter`` is one thing (issue 30: it counted epochs in sfp/svi and steps in ivsgpr): the
+    most minibatch steps, the unit ``iterations`` reports.  Four batches per epoch here, so a
+    limit of 3 stops inside the first epoch; without a limit sfp and svi run their epochs."""
+    model, X, y = _problem(rng, N=120)
+    for engine, opts in (("sfp", {}), ("svi", {}), ("ivsgpr", dict(subproblem_evals=0))):
+        res = gpvi.fit(model, X, y, engine=engine, max_iter=3, engine_options=dict(batch_size=30, **opts))
+        assert res.iterations == 3, engine
+    for engine, opts, steps in (("sfp", dict(epochs=2), 8), ("svi", dict(epochs=2), 8)):
+        res = gpvi.fit(model, X, y, engine=engine, engine_options=dict(batch_size=30, **opts))
+        assert res.iterations == steps, engine
+    with pytest.raises(ValueError, match="max_iter"):
+        gpvi.fit(model, X, y, engine="sfp", max_iter=0)
+
+
 def test_gaussian_fixed_point_is_the_titsias_optimum(rng):
     model, X, y = _problem(rng)
     m_opt, V_opt, bound = _titsias(model, X, y)
@@ -114,7 +154,6 @@ def test_schedule_outside_unit_interval_refused(rng, schedule):
 
 
 def test_schedules_and_bad_options(rng):
-    assert sfp.paper_schedule(0) == 1.0 and sfp.paper_schedule(4) == pytest.approx(1 / 3)
     model, X, y = _problem(rng, lik="poisson")
     ref = gpvi.fit(model, X, y)
     for schedule in ("paper", "adaptive", 0.3):
@@ -153,9 +192,10 @@ def test_a_second_learned_fit_reuses_the_compiled_hyperparameter_step(rng):
 
 
 def test_safeguard_keeps_noisy_poisson_steps_finite():
-    """Small minibatches (B = 50, M = 60) of high Poisson counts: pure averaging overshoots into
-    overflow within one epoch; the safeguarded steps (γ halved while the batch's own bound would
-    drop) stay finite and end near the batch optimum."""
+    """Small minibatches (B = 50, M = 60) of high Poisson counts: pure averaging overshoots within
+    one epoch, into overflow (with γ = 1 as its first step) or to a bound 10⁹ times worse than the
+    optimum (with the paper's γ₁ = 1/2); the safeguarded steps (γ halved while the batch's own bound
+    would drop) stay finite and end near the batch optimum."""
     rng = np.random.default_rng(1)
 
     def draw(shift):
@@ -167,9 +207,9 @@ def test_safeguard_keeps_noisy_poisson_steps_finite():
     draw(0.5)  # the second problem drawn from this seed is one where averaging overflows
     X, y, Z = draw(1.5)
     model = gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=1.5), L.Poisson(), inducing=Z)
-    bare = gpvi.fit(model, X, y, engine="sfp", engine_options=dict(batch_size=50, epochs=1, safeguard=False))
-    assert "non-finite" in bare.message
-    safe = gpvi.fit(model, X, y, engine="sfp", engine_options=dict(batch_size=50, epochs=1))
     ref = gpvi.fit(model, X, y)
+    bare = gpvi.fit(model, X, y, engine="sfp", engine_options=dict(batch_size=50, epochs=1, safeguard=False))
+    assert "non-finite" in bare.message or bare.vlb < ref.vlb - 1e6 * abs(ref.vlb)
+    safe = gpvi.fit(model, X, y, engine="sfp", engine_options=dict(batch_size=50, epochs=1))
     assert safe.backtracks > 0 and np.isfinite(safe.vlb)
     assert ref.vlb - 0.01 * abs(ref.vlb) < safe.vlb <= ref.vlb + 1e-8

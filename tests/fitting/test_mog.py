@@ -278,7 +278,7 @@ def test_mog_refuses_gaussian_path_options():
     # the defaults, spelled out, are fine; with learned hyperparameters the calls and the trace
     # run on from q alone into the joint search
     calls = []
-    fit = gpvi.fit(model, X, y, posterior="mog", engine="fpi", tol=1e-6, max_iter=500, init="prior",
+    fit = gpvi.fit(model, X, y, posterior="mog", engine="fpi", tol=1e-6, max_iter=None, init="prior",
                    engine_options={}, learn_hyperparameters="kernel.variance", callback=lambda *a: calls.append(a))
     _check_calls(fit, calls)
     assert 0 < fit.hyperparameter_rounds < fit.iterations

@@ -1116,7 +1116,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the standardised data (gpvi.priors.weak; engines fpi, fpb, gradient, dual, laplace); "
                         "'none': the bound alone")
     f.add_argument("--tol", type=float, default=1e-6, help="relative VLB tolerance (default 1e-6)")
-    f.add_argument("--max-iter", type=int, default=500, help="iteration limit of each engine run (default 500)")
+    f.add_argument("--max-iter", type=int, default=None,
+                   help="iteration limit of each engine run: steps, or minibatch steps of sfp/svi/ivsgpr "
+                        "(default: the engine's own, 500 steps; sfp and svi end after their epochs)")
     f.add_argument("--max-rounds", type=int, default=100,
                    help="iteration limit of the hyperparameter optimiser (default 100)")
     f.add_argument("--seed", type=int, default=0, help="seed of the k-means placement of inducing inputs")

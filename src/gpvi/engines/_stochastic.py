@@ -19,6 +19,22 @@ from gpvi.engines._common import EngineResult
 DEFAULT_BATCH = 1024
 
 
+def step_limit(max_steps, max_iter):
+    """The most minibatch steps of a run: the smaller of the engine's ``max_steps`` option and
+    :func:`gpvi.fit`'s ``max_iter`` (an iteration of a stochastic engine is one step); None
+    where neither is set."""
+    limits = [int(v) for v in (max_steps, max_iter) if v is not None]
+    return min(limits) if limits else None
+
+
+def paper_step_size(t: int) -> float:
+    """The step size named ``"paper"`` in every minibatch engine (``sfp``'s ``schedule``,
+    ``ivsgpr``'s ``step_size``): Cheng & Boots (2016)'s γ_t = 1/(1 + √t) for step t = 1, 2, …
+    (the first step has γ = 1/2).  Schedules are always called with the step's number counted
+    from 1."""
+    return 1.0 / (1.0 + np.sqrt(t))
+
+
 class StreamError(ValueError):
     """A stream failed (bad batch, changed file, exhausted iterator) part-way through a fit.
 

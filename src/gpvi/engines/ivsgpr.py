@@ -59,6 +59,7 @@ from gpvi.objective import Objective, State
 from gpvi._watchdog import paused
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import Clock, EngineResult
+from gpvi.engines._stochastic import paper_step_size
 
 __all__ = ["run", "minibatches", "step_size_at", "prepare_model"]
 
@@ -76,8 +77,9 @@ def minibatches(X, y, offset, batch_size: int, seed: int = 0):
 
 
 def step_size_at(schedule, t: int) -> float:
-    """γ_t of iteration ``t`` ≥ 1: ``"paper"`` → 1/(1 + √t); a number → that constant."""
-    return 1.0 / (1.0 + np.sqrt(t)) if schedule == "paper" else float(schedule)
+    """γ_t of step ``t`` ≥ 1: ``"paper"`` → :func:`gpvi.engines._stochastic.paper_step_size`
+    (1/(1 + √t), as in ``sfp``); a number → that constant."""
+    return paper_step_size(t) if schedule == "paper" else float(schedule)
 
 
 def prepare_model(model):

@@ -19,9 +19,10 @@ the current marginals, as in FPi).  With B = N and γ = 1 one SFP step is one FP
 ``I − Ŝ`` is not positive definite (a likelihood that is not log-concave) the step uses γ_i = −λ_i
 clipped at 0, as FPi does.
 
-Step sizes (``schedule``): ``"paper"`` γ_t = 1/(1 + √t) (Cheng & Boots 2016, t = steps taken so
-far, so the first step is γ = 1), a number c ∈ (0, 1] (constant), ``"adaptive"`` (Ranganath et al.
-2013's rule, below), or a function ``t -> γ_t``; every γ_t must lie in (0, 1].
+Step sizes (``schedule``): ``"paper"`` γ_t = 1/(1 + √t) (Cheng & Boots 2016, for step t = 1, 2, …,
+as in ``ivsgpr``: the first step has γ = 1/2), a number c ∈ (0, 1] (constant), ``"adaptive"``
+(Ranganath et al. 2013's rule, below), or a function ``t -> γ_t`` of the step's number t ≥ 1;
+every γ_t must lie in (0, 1].
 
 Hyperparameters (and, when named, inducing inputs) are learned by Adam (optax) on the minibatch
 bound at the updated q, rate ``hyper_rate`` (×γ_t with ``hyper_decay=True``: the paper's
@@ -41,12 +42,8 @@ from gpvi._module import flatten_params, unflatten_params
 from gpvi.objective import DEFAULT_CHUNK, Objective, State, minibatch_projection, minibatch_sums, minibatch_vlb, num_blocks
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import natural_step, precision_chol, tri_inv
-from gpvi.engines._stochastic import DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive, setup
-
-
-def paper_schedule(t):
-    """Cheng & Boots (2016): γ_t = 1 / (1 + √t)."""
-    return 1.0 / (1.0 + np.sqrt(t))
+from gpvi.engines._stochastic import (DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive,
+                                      paper_step_size, setup, step_limit)
 
 
 class AdaptiveSchedule:
@@ -81,7 +78,7 @@ class AdaptiveSchedule:
 def _check_schedule(schedule):
     if isinstance(schedule, str):
         if schedule == "paper":
-            return paper_schedule
+            return paper_step_size
         if schedule == "adaptive":
             return AdaptiveSchedule()
         raise ValueError(f"schedule must be 'paper', 'adaptive', a number in (0, 1] or a function t -> γ_t, "
@@ -179,7 +176,7 @@ MAX_HALVINGS = 20
 
 
 def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, callback=None, batch_size: int | None = None, schedule="paper", epochs: int | None = None,
+        max_iter: int | None = None, callback=None, batch_size: int | None = None, schedule="paper", epochs: int | None = None,
         seed: int = 0, eval_every: int | None = None, max_steps: int | None = None,
         hyper_rate: float = 0.01, hyper_decay: bool = False, safeguard: bool = True, hyperparameters=None,
         model=None, source=None,
@@ -192,11 +189,13 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         of the trace and the final gap, off the clock); None with ``source`` and ``model``.
     batch_size : rows per minibatch B (default min(N, 1024)).
     schedule : ``"paper"`` (default), ``"adaptive"``, a constant in (0, 1] or ``t -> γ_t``.
-    epochs : passes over the data (capped by ``max_iter``: an iteration of a stochastic
-        engine is one epoch); default 2, or as many as make 50 minibatch steps when the data
-        are small.
+    epochs : passes over the data; default 2, or as many as make 50 minibatch steps when the
+        data are small.
+    max_iter, max_steps : stop after this many minibatch steps (an iteration of a stochastic
+        engine is one step, as ``iterations`` counts them; the smaller limit holds; None: no limit
+        but ``epochs``).
     seed : seed of the per-epoch shuffles.  eval_every : full-data VLB for the trace every
-        this many steps (default: after each epoch).  max_steps : stop after this many steps.
+        this many steps (default: after each epoch).
     hyper_rate, hyper_decay : Adam's rate for the hyperparameters (× γ_t when ``hyper_decay``).
     safeguard : test each step on its own minibatch (one more pass over the batch, without
         derivatives): a step that lowers the batch's bound has its γ halved until it does not
@@ -243,7 +242,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         st, mdl = box["state"], box["model"]
         prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
         if not isinstance(sched, AdaptiveSchedule):
-            gamma = _gamma_value(sched(t), t) * box["damp"]
+            gamma = _gamma_value(sched(t + 1), t + 1) * box["damp"]
             sums, RH, new, v_new, ok_H, finite = _fused_step(mdl, prior, chunk, st, scale, gamma, blocks,
                                                             safeguard, box["pcache"])
             vlb, v_new, ok_H, finite = (float(x) for x in jax.device_get((sums.vlb, v_new, ok_H, finite)))
@@ -257,7 +256,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         if isinstance(sched, AdaptiveSchedule):
             gamma = sched(natural_gradient(st, sums.grad, sums.S))
         else:
-            gamma = _gamma_value(sched(t), t)
+            gamma = _gamma_value(sched(t + 1), t + 1)
         RH = precision_chol(sums.S)
         if not bool(jnp.all(jnp.isfinite(RH))):
             # I − Ŝ not positive definite (λ_i > 0 somewhere): clip γ_i = −λ_i at 0, as FPi does
@@ -295,7 +294,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         return sums.vlb
 
     clock = EpochClock(callback)
-    res = drive(stream=stream, batch_size=B, epochs=min(epochs, int(max_iter)), seed=seed, max_steps=max_steps,
+    res = drive(stream=stream, batch_size=B, epochs=epochs, seed=seed, max_steps=step_limit(max_steps, max_iter),
                 eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
                 likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
                 extras={"schedule": schedule if isinstance(schedule, (str, numbers.Real)) else "callable"},

@@ -23,7 +23,7 @@ import optax
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.objective import Objective, State, minibatch_vlb, num_blocks
 from gpvi.engines.registry import Engine
-from gpvi.engines._stochastic import EpochClock, check_positive_float, check_positive_int, drive, setup
+from gpvi.engines._stochastic import EpochClock, check_positive_float, check_positive_int, drive, setup, step_limit
 
 OPTIMIZERS = ("adadelta", "adam")
 DEFAULT_RATES = {"adadelta": 1.0, "adam": 0.01}
@@ -63,7 +63,7 @@ def _step(params, opt_state, model, names, batch, scale, prior, opt, blocks):
 
 
 def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, callback=None, batch_size: int | None = None, learning_rate: float | None = None,
+        max_iter: int | None = None, callback=None, batch_size: int | None = None, learning_rate: float | None = None,
         epochs: int | None = None, seed: int = 0, optimizer: str = "adadelta", eval_every: int | None = None,
         max_steps: int | None = None, hyperparameters=None, model=None, source=None, on_batch=None,
         on_epoch=None):
@@ -76,9 +76,10 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     batch_size : rows per minibatch B (default min(N, max(64, N // 100)), about the sizes of
         Izmailov & Kropotov's baseline).
     learning_rate : optimiser step (default 1.0 for AdaDelta, 0.01 for Adam).
-    epochs : passes over the data (capped by ``max_iter``, the iteration limit of
-        :func:`gpvi.fit`: an iteration of a stochastic engine is one epoch); default 10, or as
-        many as make 1000 minibatch steps when the data are small.
+    epochs : passes over the data; default 10, or as many as make 1000 minibatch steps when
+        the data are small.
+    max_iter : stop after this many minibatch steps (an iteration of a stochastic engine is one
+        step, as ``iterations`` counts them; None: no limit but ``epochs`` and ``max_steps``).
     seed : seed of the per-epoch shuffles.
     optimizer : ``"adadelta"`` (default) or ``"adam"`` (optax).
     eval_every : record the full-data VLB every this many steps (default: after each epoch);
@@ -127,7 +128,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         return v
 
     clock = EpochClock(callback)
-    res = drive(stream=stream, batch_size=B, epochs=min(epochs, int(max_iter)), seed=seed, max_steps=max_steps,
+    res = drive(stream=stream, batch_size=B, epochs=epochs, seed=seed, max_steps=step_limit(max_steps, max_iter),
                 eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
                 likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
                 extras={"optimizer": optimizer, "learning_rate": rate}, message="svi", on_batch=on_batch,

@@ -33,7 +33,7 @@ __all__ = ["fit", "FitResult", "learnable_parameters"]
 
 @watched
 def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=False,
-        learn_inducing: bool = False, tol: float = 1e-6, tol_nats: float | None = None, max_iter: int = 500,
+        learn_inducing: bool = False, tol: float = 1e-6, tol_nats: float | None = None, max_iter: int | None = None,
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
@@ -71,7 +71,10 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         relative; the hyperparameter L-BFGS-B stops when the bound changes by at most
         ``tol · max(1, |VLB|)`` between rounds.
     tol_nats : an absolute threshold (nats) for the engines' estimated gap instead.
-    max_iter : iteration limit of each engine run.
+    max_iter : the most iterations of each engine run, counted as the run reports them
+        (``FitResult.iterations``): steps of the deterministic engines, minibatch steps of the
+        stochastic ones (sfp, svi, ivsgpr).  None (the default): the engine's own limit, 500
+        steps for the deterministic engines and ivsgpr; sfp and svi end after their ``epochs``.
     offset : (N,) values added to every latent (e.g. ``log`` exposure); ``exposure``:
         (N,) positive exposures for count models, turned into ``offset = log(exposure)``.
     init : starting ``State``, ``"prior"`` (the default, ``N(0, I)``) or ``"laplace"`` (the

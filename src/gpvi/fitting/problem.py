@@ -4,6 +4,7 @@ checks it is made of, which :func:`gpvi.fit_stream` and the estimators share."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import jax.numpy as jnp
 import numpy as np
@@ -53,7 +54,7 @@ class Problem:
     plan: object | None
     tol: float
     tol_nats: float | None
-    max_iter: int
+    max_iter: int | None  # None: the engine ends its run itself (sfp, svi: after their epochs)
     max_rounds: int
     chunk_size: int
     cache_bytes: int
@@ -80,8 +81,12 @@ def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol,
     if tol_nats is not None and not (isinstance(tol_nats, (int, float, np.number)) and tol_nats >= 0
                                      and np.isfinite(tol_nats)):
         raise ValueError(f"tol_nats must be a non-negative number of nats or None, got {tol_nats!r}")
-    if int(max_iter) < 1:
-        raise ValueError(f"max_iter must be at least 1, got {max_iter}")
+    if max_iter is None:  # the engine's own limit (its run's default)
+        default = inspect.signature(eng.run).parameters.get("max_iter")
+        max_iter = default.default if default is not None and default.default is not inspect.Parameter.empty else 500
+    elif isinstance(max_iter, (bool, np.bool_)) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
+        raise ValueError(f"max_iter must be an int ≥ 1 (or None: the engine's own limit), got {max_iter!r}")
+    max_iter = None if max_iter is None else int(max_iter)
     if isinstance(max_rounds, (bool, np.bool_)) or not isinstance(max_rounds, (int, np.integer)) \
             or max_rounds < 1:
         raise ValueError(f"max_rounds must be an int ≥ 1 (L-BFGS-B iterations), got {max_rounds!r}")

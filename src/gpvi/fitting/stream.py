@@ -51,7 +51,7 @@ def _stream_progress(total_rows):
 def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size: int | None = None,
                epochs: int | None = 2, learn_hyperparameters=False, learn_inducing: bool = False,
                init: State | None = None, init_rows: int = 100_000, seed: int = 0, tol: float = 1e-6,
-               max_iter: int = 500, progress: bool = False, callback=None,
+               max_iter: int | None = None, progress: bool = False, callback=None,
                engine_options: dict | None = None) -> FitResult:
     """Fit ``model`` by a stochastic engine reading minibatches from a stream.
 
@@ -64,6 +64,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
         see :func:`gpvi.stream.as_stream`.  ``y`` values are checked batch by batch.
     engine : ``"sfp"`` (default) or ``"svi"``.
     batch_size, epochs : rows per minibatch (default min(N, 1024)) and passes over the data.
+    max_iter : the most minibatch steps (None, the default: as many as ``epochs`` take).
     learn_hyperparameters, learn_inducing : as in :func:`gpvi.fit`, learned inside the engine
         (Adam for sfp, the svi optimiser for svi).
     init : starting :class:`State` (default the prior).
