@@ -55,6 +55,7 @@ def test_sizes_in_one_bucket_compile_the_data_pass_once(rng):
     assert all(n >= 1 for n in fit_and_count(370))
 
 
+@pytest.mark.slow
 def test_collapsed_gp_bound_compiles_once_per_bucket(rng):
     model = gpvi.GP(gpvi.kernels.RBF(), L.Gaussian(variance=0.2))
     before = collapsed._value_and_grad._cache_size()
@@ -69,6 +70,7 @@ def test_collapsed_gp_bound_compiles_once_per_bucket(rng):
     assert all(np.isfinite(vals))
 
 
+@pytest.mark.slow
 def test_import_enables_the_persistent_cache(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("GPVI_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")}
@@ -128,6 +130,7 @@ _SMALL_FIT = ("X = np.linspace(0, 1, 24)[:, None]\n"
               "print(fit.converged)\n")
 
 
+@pytest.mark.slow
 def test_a_failed_cache_write_is_silent_and_stops_writing(tmp_path):
     """JAX warns (UserWarning "Error writing persistent compilation cache entry ...") on every
     failed write and leaves the empty or truncated entry behind; gpvi's cache swallows the error,
@@ -152,6 +155,7 @@ def test_a_failed_cache_write_is_silent_and_stops_writing(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == "True\n", proc.stderr
 
 
+@pytest.mark.slow
 def test_cache_is_kept_under_its_size_limit(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
@@ -181,6 +185,7 @@ def test_cache_is_kept_under_its_size_limit(tmp_path):
     assert "GPVI_COMPILATION_CACHE_MAX_MB must be a positive number" in proc.stderr and "'lots'" in proc.stderr
 
 
+@pytest.mark.slow
 def test_clear_compilation_cache_empties_the_directory(tmp_path):
     cache = tmp_path / "cache"
     code = (_SMALL_FIT +
@@ -235,6 +240,7 @@ def _labels(rng, N, classes):
     ({"model": "sparse", "inducing": 20}, (90, 100), 2),  # sparse GP: two sizes in one bucket
     ({"model": "sparse", "inducing": 20}, (90, 100), 3),
 ])
+@pytest.mark.slow
 def test_a_second_fit_and_a_new_predict_size_compile_nothing(rng, options, sizes, classes):
     """Issue 32, acceptance 2: after one fit, a second default-estimator fit of a problem in the
     same size bucket (new data, learned hyperparameters) and predictions at new batch sizes
@@ -257,6 +263,7 @@ def test_a_second_fit_and_a_new_predict_size_compile_nothing(rng, options, sizes
     assert np.mean(clf.predict(X) == y) > 0.6
 
 
+@pytest.mark.slow
 def test_the_counter_sees_a_new_shape(rng):
     """The lowering counter is not blind: a fit at a size in another bucket lowers programs."""
     counter = _lowerings()

@@ -55,6 +55,7 @@ POINTS = [(-1.5, 0.3), (0.0, 1.0), (0.7, 2.5), (2.0, 0.05), (-0.4, 6.0)]
     (L.Exponential(), _neg_d2_exponential, [0.3, 2.0]),
     (L.StochasticVolatility(), _neg_d2_sv, [-1.3, 0.4]),
 ], ids=["poisson", "exponential", "sv"])
+@pytest.mark.slow
 def test_closed_form_gamma_equals_quad(lik, d2, ys):
     assert D.has_closed_form(lik)
     for y in ys:

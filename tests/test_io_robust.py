@@ -484,6 +484,7 @@ def test_failed_save_keeps_the_previous_model_and_leaves_no_temporary_file(fits,
     assert sorted(os.listdir(tmp_path)) == ["m.gpvi"]
 
 
+@pytest.mark.slow
 def test_concurrent_loads_while_another_thread_saves_never_fail(fits, tmp_path):
     path = gpvi.io.save(fits["sparse"], tmp_path / "m.gpvi", extra={"n": 0})
     stop, errors, saved = threading.Event(), [], []

@@ -192,6 +192,7 @@ def test_polynomial_degree_is_static_and_checked():
 
 # ------------------------------------------------------------------------------- gradients
 @pytest.mark.parametrize("name", IDS)
+@pytest.mark.slow
 def test_parameter_gradients_match_finite_differences(name):
     """d/du of Σ W ⊙ K(X1, X2) + Σ w ⊙ diag K(X1) for the unconstrained (log) parameters u,
     against central differences with step 1e-5 (error O(h²) ≈ 1e-10 relative)."""
@@ -373,6 +374,7 @@ LEAVES = [K.RBF(1.2, np.array([0.7, 1.4])), K.Matern12(0.9, 0.8), K.Matern32(0.9
 
 
 @pytest.mark.parametrize("k", LEAVES, ids=[type(k).__name__ for k in LEAVES])
+@pytest.mark.slow
 def test_active_dims_equals_slicing_the_columns_by_hand(k):
     X1, X2 = data(40, 9, 4), data(41, 5, 4)
     X2[0] = X1[0]
@@ -444,6 +446,7 @@ SPARSE_CASES = {
 
 
 @pytest.mark.parametrize("name", list(SPARSE_CASES))
+@pytest.mark.slow
 def test_sparse_gp_with_inducing_inputs_at_the_data_equals_the_full_gp(name):
     kernel = SPARSE_CASES[name]
     X, y = _regression(50, 30, 2)
@@ -457,6 +460,7 @@ def test_sparse_gp_with_inducing_inputs_at_the_data_equals_the_full_gp(name):
 
 
 @pytest.mark.parametrize("name", ["periodic-ard", "rq", "polynomial", "2*rbf", "active-product", "scaled-active"])
+@pytest.mark.slow
 def test_models_with_new_kernels_save_and_load(name, tmp_path):
     kernel = CASES[name]
     X, y = _regression(52, 25, 3)

@@ -288,6 +288,7 @@ def test_stationary_kernels_are_translation_invariant():
 
 
 @pytest.mark.parametrize("cls", [K.RBF, K.Matern12, K.Matern32, K.Matern52])
+@pytest.mark.slow
 def test_gradients_at_zero_distance_inside_scan(cls):
     """Regression: with inputs coinciding exactly (inducing points taken from the data), a
     where-guarded sqrt gave wrong or NaN gradients inside lax.scan next to a triangular solve,

@@ -85,6 +85,7 @@ def test_breast_cancer_fit_then_predict(breast_csv, tmp_path, capsys):
     assert accuracy > 0.9  # chance (majority class) is 0.63
 
 
+@pytest.mark.slow
 def test_poisson_fit_then_predict(poisson_csv, tmp_path, capsys):
     rc, out, err = run(capsys, "fit", poisson_csv, "-t", "count", "-l", "poisson", "--drop", "truth", "-M", "15",
                        "--max-rounds", "10")
@@ -301,6 +302,7 @@ def test_bad_input_fit(breast_csv, poisson_csv, tmp_path, capsys):
         assert_bad_input(rc, err, *needles)
 
 
+@pytest.mark.slow
 def test_bad_input_predict(breast_csv, breast_model, tmp_path, capsys):
     path, _, _ = breast_csv
     header, rows = read_csv(path)
@@ -349,6 +351,7 @@ def test_usage_errors_exit_2(capsys):
     assert rc == 0 and "fit" in out and "predict" in out and "demo" in out
 
 
+@pytest.mark.slow
 def test_installed_script(tmp_path):
     """The console script `gpvi` is installed and reports bad input as one line, exit code 2."""
     exe = shutil.which("gpvi", path=str(Path(sys.executable).parent)) or shutil.which("gpvi")
@@ -771,6 +774,7 @@ def assert_one_error_line(proc, *needles):
         assert needle in lines[0], (needle, lines[0])
 
 
+@pytest.mark.slow
 def test_huge_feature_values_are_refused_naming_the_column(glm_model, tmp_path):
     """A feature near 1e307 overflowed the standardisation: NumPy's RuntimeWarnings, then an error
     about X column 0 (or a model file that could not be written), instead of one line naming it."""
@@ -800,6 +804,7 @@ def test_huge_feature_values_are_refused_naming_the_column(glm_model, tmp_path):
     assert_one_error_line(proc, "target column 'y'", "line 5", "'1e307'")
 
 
+@pytest.mark.slow
 def test_failing_cache_writes_are_silent(poisson_csv, tmp_path):
     """A cache write that fails (here: a file-size limit; a full disk is the same) printed JAX's
     `UserWarning: Error writing persistent compilation cache entry` lines and left empty entries

@@ -71,6 +71,7 @@ def _assert_same(fit, extra, est):
 
 
 @pytest.mark.parametrize("lik", ["bernoulli", "gaussian", "poisson", "ordinal"])
+@pytest.mark.slow
 def test_defaults_give_the_same_model_and_bound(lik, tmp_path):
     """Hyperparameters learned as both front ends do by default (two stages for non-Gaussian
     likelihoods); the search capped at the same few rounds on both sides to keep it fast."""

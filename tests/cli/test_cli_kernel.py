@@ -71,6 +71,7 @@ def test_product_without_ard_has_one_lengthscale(two_feature_csv, tmp_path, caps
     assert isinstance(k, K.RationalQuadratic) and np.shape(k.lengthscale) == (2,)
 
 
+@pytest.mark.slow
 def test_no_kernel_option_and_kernel_rbf_give_the_default_model(two_feature_csv, tmp_path, capsys):
     """Bernoulli on two features: the default's isotropic-then-ARD search.  No --kernel, --kernel
     rbf and --ard give the same file contents; --no-ard alone an isotropic RBF."""

@@ -55,6 +55,7 @@ def fitted(iris):
 
 
 # ------------------------------------------------------------------------------ fit → predict
+@pytest.mark.slow
 def test_fit_without_likelihood_chooses_softmax_and_says_so(fitted):
     lines = fitted.out.splitlines()
     assert lines[0].startswith("gpvi fit: no --likelihood given: target 'species' has 3 distinct text labels")
@@ -92,6 +93,7 @@ def test_predict_writes_a_probability_column_per_class_and_scores(fitted, iris, 
     assert rate < 0.1
 
 
+@pytest.mark.slow
 def test_model_file_round_trip_predicts_identical_numbers(fitted, iris, tmp_path, capsys):
     """The probabilities `gpvi predict` writes from the file are the saved fit's own, bit for bit."""
     out = tmp_path / "pred.csv"
@@ -120,6 +122,7 @@ def test_unseen_labels_at_predict_are_named(fitted, iris, tmp_path, capsys):
     assert len(read_csv(tmp_path / "p.csv")[1]) == 10
 
 
+@pytest.mark.slow
 def test_explicit_softmax_glm_with_integer_labels(iris, tmp_path, capsys):
     """`--likelihood softmax --model glm` on integer class codes: one GLM per class with its own
     intercept; the probability columns are named by the codes."""

@@ -54,6 +54,7 @@ CASES = [pytest.param(f, k, marks=() if (f, k) in QUICK else pytest.mark.slow)
 
 
 @pytest.mark.parametrize("family,kind", CASES)
+@pytest.mark.slow
 def test_blockwise_in_process_equals_in_memory(family, kind, rng):
     """Blocks of 50 rows padded to chunks of 16, nothing kept in memory, against the default
     in-memory pass (one scan over chunks)."""
@@ -63,6 +64,7 @@ def test_blockwise_in_process_equals_in_memory(family, kind, rng):
     _same_fit(r, ref, X[:7] + 0.1)
 
 
+@pytest.mark.slow
 def test_sums_and_hypergradient_match_in_memory(rng):
     """The three sums and the hyperparameter gradient of one pass, block by block with part of
     the projections kept and part recomputed, against the in-memory objective."""
@@ -96,6 +98,7 @@ def test_sums_and_hypergradient_match_in_memory(rng):
     jax.clear_caches()
 
 
+@pytest.mark.slow
 def test_npy_and_parquet_sources_equal_arrays(tmp_path, rng):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

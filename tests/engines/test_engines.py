@@ -31,6 +31,7 @@ def test_sparse_gaussian_equals_titsias_bound(rng, engine):
 
 
 @pytest.mark.parametrize("engine", ["fpi", "fpb"])
+@pytest.mark.slow
 def test_full_gp_gaussian_equals_exact_regression(rng, engine):
     N = 200
     X, f = _regression_data(rng, N)
@@ -89,6 +90,7 @@ def _fit_all(model, X, y, **kw):
 
 
 @pytest.mark.parametrize("kind", KINDS + ["exponential"])
+@pytest.mark.slow
 def test_engines_agree_sparse_small(rng, kind):
     lik, X, y = _problem(kind, rng, 400)
     model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=1.0), likelihood=lik, inducing=20)
@@ -123,6 +125,7 @@ def test_engines_agree_glm_small(rng, kind):
 
 @pytest.mark.parametrize("engine", ["fpi", "fpb"])
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_fixed_point_never_lowers_the_vlb(rng, kind, engine):
     lik, X, y = _problem(kind, rng, 300)
     model = gpvi.SparseGP(kernel=gpvi.kernels.RBF(lengthscale=0.7, variance=2.0), likelihood=lik, inducing=25)
@@ -133,6 +136,7 @@ def test_fixed_point_never_lowers_the_vlb(rng, kind, engine):
     assert res.converged, res.message
 
 
+@pytest.mark.slow
 def test_student_t_safeguards_are_used_and_counted(rng):
     """Student-t is not log-concave: undamped FP steps from the prior can lower the VLB.
 
@@ -257,6 +261,7 @@ def test_two_cycle_is_detected_counted_and_halves_the_step():
 
 
 @pytest.mark.parametrize("d", [1, 7, 64, 65, 130, 200, 257])
+@pytest.mark.slow
 def test_tri_inv_is_the_inverse_of_a_lower_triangular_matrix(rng, d):
     # Truth: NumPy's dense inverse; the blocked recursion (leaves of ≤ 64 rows) must also keep
     # exact zeros above the diagonal, and pass NaN through.

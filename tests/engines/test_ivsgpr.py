@@ -78,6 +78,7 @@ def test_multiscale_matches_eq17_and_is_positive_semidefinite():
     assert np.linalg.eigvalsh(joint).min() > -1e-10
 
 
+@pytest.mark.slow
 def test_multiscale_gradients_match_finite_differences():
     X, _ = data()
     X = X[:12]
@@ -139,6 +140,7 @@ def test_whole_data_step_without_subproblem_is_the_titsias_posterior():
     assert isinstance(res.model.kernel, MultiscaleRBF)
 
 
+@pytest.mark.slow
 def test_whole_data_subproblem_is_batch_sparse_gpr():
     """B = N and γ = 1: the collapsed subproblem is Titsias's bound as a function of (θ, Z, l):
     same value as gpvi's exact (fpi) VLB and the same gradient as gpvi's profile bound
@@ -300,6 +302,7 @@ def test_without_subproblem_it_is_sfp():
     assert abs(a.vlb - b.vlb) < 1e-8 * abs(b.vlb)
 
 
+@pytest.mark.slow
 def test_streaming_run_learns():
     """Minibatches of 40 with the paper's step sizes: iVSGPR5 ends above the bound of the
     starting hyperparameters' Titsias optimum, and above VSGPR-svi (subproblem off)."""

@@ -189,6 +189,7 @@ def _fixed_xi_bound(kind, A, b, c, y, xi):
 
 
 @pytest.mark.parametrize("kind", ["jj", "taylor"])
+@pytest.mark.slow
 def test_analytic_update_is_the_maximiser(problem, rng, kind):
     X, y, model, obj = problem
     A, b, c = _projection(model, X)
@@ -363,6 +364,7 @@ def test_jj_true_vlb_below_fpi_optimum(case, capsys):
 
 
 @pytest.mark.parametrize("engine", ["jj", "jj-hybrid"])
+@pytest.mark.slow
 def test_max_fun_caps_the_bound_evaluations_of_every_step(rng, monkeypatch, engine):
     # Issue 30 §2: 25 evaluations of the collapsed bound for 4 θ steps at max_fun=5 (SciPy's
     # L-BFGS-B checks maxfun only between its iterations, not inside a line search).  Counted

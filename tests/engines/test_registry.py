@@ -201,6 +201,7 @@ def check_engine(engine, directory=None):
 
 
 @pytest.mark.parametrize("name", names())
+@pytest.mark.slow
 def test_engine(name, tmp_path):
     check_engine(get(name), tmp_path)
 

@@ -99,6 +99,7 @@ def test_max_iter_counts_minibatch_steps_in_every_stochastic_engine(rng):
         gpvi.fit(model, X, y, engine="sfp", max_iter=0)
 
 
+@pytest.mark.slow
 def test_gaussian_fixed_point_is_the_titsias_optimum(rng):
     model, X, y = _problem(rng)
     m_opt, V_opt, bound = _titsias(model, X, y)

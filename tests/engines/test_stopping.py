@@ -78,6 +78,7 @@ def test_gap_threshold():
 
 
 @pytest.mark.parametrize("engine", ["fpi", "fpb", "gradient"])
+@pytest.mark.slow
 def test_engines_certify_their_stop_on_logistic(engine, rng):
     lik, X, y = _problem("logit", rng, 300)
     model = gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=1.0), lik, inducing=15)
@@ -176,6 +177,7 @@ def test_fpi_certifies_a_flat_bound_with_huge_counts():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.slow
 def test_fpi_on_separable_glm_converges_or_says_why(seed):
     # Issue 14 §1: a separable logistic GLM with prior variance 1e6 ran 500 damped iterations
     # (~1000 backtracks) without converging or saying why.  Now every such fit either

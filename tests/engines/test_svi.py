@@ -59,6 +59,7 @@ def test_reaches_fpi_optimum(rng):
     assert ada.extras["optimizer"] == "adadelta" and ada.vlb > start + 10
 
 
+@pytest.mark.slow
 def test_minibatch_bound_gradient_matches_finite_differences(rng):
     """svi's θ gradient (autodiff of minibatch_vlb, B = N, scale 1) against central differences
     of Objective's chunked VLB at the same whitened state."""

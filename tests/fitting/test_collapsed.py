@@ -88,6 +88,7 @@ def test_learned_optimum_is_the_exact_gp_optimum(rng):
 
 
 @pytest.mark.parametrize("kind", ["gp", "sparse"])
+@pytest.mark.slow
 def test_same_optimum_as_the_profile_search(rng, kind):
     X, y = _data(rng)
     model = _models(X)[kind]

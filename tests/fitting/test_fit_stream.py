@@ -140,6 +140,7 @@ def test_partial_fit_after_a_full_gp_fit(rng):
     assert est.model_kind_ == "sparse" and not np.allclose(est.predict(X[40:]), before)
 
 
+@pytest.mark.slow
 def test_fit_stream_learn_inducing_with_a_list_of_names(rng):
     """Issue 30 §2: ``learn_inducing=True`` was silently ignored when ``learn_hyperparameters``
     was a list of names (as in gpvi.fit)."""

@@ -166,6 +166,7 @@ def test_collapsed_fit_iterations_count_the_closed_form_evaluations(rng, monkeyp
 
 
 @pytest.mark.parametrize("lik", ["bernoulli", "gaussian"])
+@pytest.mark.slow
 def test_learn_inducing_with_a_list_of_names_learns_the_inducing_inputs(rng, lik):
     # Issue 30 §2: learn_inducing=True was silently ignored when learn_hyperparameters was a list.
     X = rng.uniform(-2, 2, (40, 1))

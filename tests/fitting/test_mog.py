@@ -11,6 +11,7 @@ from gpvi.fitting.mog import entropy_lower_bound, fit_mog, mixture_entropy_1d2d
 
 
 @pytest.mark.parametrize("K, D", [(1, 1), (2, 1), (3, 1), (2, 2), (3, 2)])
+@pytest.mark.slow
 def test_entropy_bound_below_true_entropy(K, D):
     rng = np.random.default_rng(K * 10 + D)
     for _ in range(3):
@@ -57,6 +58,7 @@ def test_mix_on_gaussian_regression_is_the_mean_field_solution():
     assert mk.shape == (1, 40) and np.array_equal(mk[0], m) and np.array_equal(vk[0], v)
 
 
+@pytest.mark.slow
 def test_mix2_classification_runs_and_predicts():
     rng = np.random.default_rng(1)
     X = rng.uniform(-3, 3, (50, 1))
@@ -95,6 +97,7 @@ def _three_class(n, seed=0):
     return X, np.array([rng.choice(3, p=p) for p in P]).astype(float)
 
 
+@pytest.mark.slow
 def test_mix_with_several_latents_softmax():
     """MIX/MIX2 over a MultiLatent of Q = 3 full GPs (softmax, the paper's USPS setting).
 
@@ -192,6 +195,7 @@ def _predictions(fit, X, y):
 
 
 @pytest.mark.parametrize("which", ["one", "several"])
+@pytest.mark.slow
 def test_mog_result_is_a_fit_result_that_saves_loads_and_predicts_bit_for_bit(mog_fits, which, tmp_path):
     import gpvi
     from gpvi.fitting.mog import MoGResult
@@ -234,6 +238,7 @@ def _check_calls(fit, calls):
     assert fit.trace[-1, 1] > fit.trace[0, 1] and 0 < fit.trace[-1, 0] <= fit.seconds
 
 
+@pytest.mark.slow
 def test_mog_callback_follows_the_trace(mog_fits):
     fit, *_, calls = mog_fits["one"]
     _check_calls(fit, calls)

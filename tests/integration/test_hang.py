@@ -215,6 +215,7 @@ print("after:", float(jnp.sum(jnp.ones(3))))
 """
 
 
+@pytest.mark.slow
 def test_watchdog_turns_a_blocked_compiled_call_into_an_error():
     out = _run(_BLOCKED_FIT.format(seconds=2), timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -227,6 +228,7 @@ def test_watchdog_turns_a_blocked_compiled_call_into_an_error():
     assert "after: 3.0" in out.stdout
 
 
+@pytest.mark.slow
 def test_watchdog_leaves_a_busy_fit_and_a_slow_callback_alone():
     """A fit that computes for longer than the limit, with a user callback that sleeps for
     longer than the limit, ends normally."""
@@ -267,6 +269,7 @@ def test_watchdog_settings_are_checked(monkeypatch):
         gpvi.set_watchdog(None)
 
 
+@pytest.mark.slow
 def test_watchdog_in_a_forked_child():
     """A child forked after the sampling thread has started (multiprocessing's default on Linux)
     gets a fresh watchdog, with no lock the parent's thread might have held at the fork: its

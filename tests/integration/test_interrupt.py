@@ -83,6 +83,7 @@ def leftovers(folder):
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
 
 
+@pytest.mark.slow
 def test_interrupt_during_the_fit_exits_130(counts_csv, tmp_path):
     """The command of issue 21 with its defaults (hyperparameters learned, 200 inducing inputs:
     it runs for a while) given one SIGINT 1.5 s in (loading the data, placing the inducing

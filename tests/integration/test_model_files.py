@@ -65,6 +65,7 @@ def predictions(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
 def test_old_model_file_predicts_bit_for_bit(name, predictions):
     stored = np.load(HERE / f"{name}.npz")
     got = np.load(predictions / f"{name}.npz")

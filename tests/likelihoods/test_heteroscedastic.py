@@ -30,6 +30,7 @@ def _closed(y, m, v):
             - 0.5 * ((y - m[:, 0]) ** 2 + v[:, 0]) * jnp.exp(-2 * m[:, 1] + 2 * v[:, 1]))
 
 
+@pytest.mark.slow
 def test_closed_form_expectation_and_derivatives_match_product_quadrature():
     lik = HeteroscedasticGaussian()
     assert lik.num_latents == 2
@@ -140,6 +141,7 @@ def _model(mean_g=math.log(0.5)):
                                  HeteroscedasticGaussian(), mean=[0.0, mean_g])
 
 
+@pytest.mark.slow
 def test_fixed_point_and_gradient_engines_reach_the_same_bound():
     X, y = _data(150, 0)
     model = _model()
@@ -158,6 +160,7 @@ def test_fixed_point_and_gradient_engines_reach_the_same_bound():
                                atol=0.05)
 
 
+@pytest.mark.slow
 def test_heteroscedastic_model_beats_the_homoscedastic_gp_on_test_nlpd():
     X, y = _data(150, 0)
     Xt, yt = _data(400, 1)
@@ -177,6 +180,7 @@ def test_heteroscedastic_model_beats_the_homoscedastic_gp_on_test_nlpd():
     np.testing.assert_allclose(var, vf[:, 0] + np.exp(2 * mf[:, 1] + 2 * vf[:, 1]), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_fit_saves_and_loads(tmp_path):
     X, y = _data(40, 3)
     res = gpvi.fit(_model(), X, y)

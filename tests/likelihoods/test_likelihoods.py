@@ -802,6 +802,7 @@ def test_sweep_validate_accepts_valid_y(name):
 
 
 @pytest.mark.parametrize("name", SWEEP_IDS)
+@pytest.mark.slow
 def test_sweep_expected_log_prob_matches_reference(name):
     case = SWEEP[name]
     Y, M, V = sweep_rows(case)

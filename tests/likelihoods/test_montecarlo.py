@@ -32,6 +32,7 @@ def _replicates(lik, y, m, v, R, S, **kw):
 
 @pytest.mark.parametrize("name", sorted(Y_M_V))
 @pytest.mark.parametrize("estimator", ["reparam", "score"])
+@pytest.mark.slow
 def test_unbiased_against_quadrature(name, estimator):
     lik, y, m, v = Y_M_V[name]
     y, m, v = (jnp.asarray(a) for a in (y, m, v))

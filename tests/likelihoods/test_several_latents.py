@@ -53,6 +53,7 @@ def test_product_rule_is_exact_on_closed_forms():
     assert product_order(2) == 20 and product_order(3) == 10 and product_order(4) == 5
 
 
+@pytest.mark.slow
 def test_expectations_and_predictions_of_a_two_latent_likelihood_match_closed_forms():
     rng = np.random.default_rng(1)
     n = 9
@@ -72,6 +73,7 @@ def test_expectations_and_predictions_of_a_two_latent_likelihood_match_closed_fo
     np.testing.assert_allclose(var, v[:, 0] + jnp.exp(2 * m[:, 1] + 2 * v[:, 1]), rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_hand_written_heteroscedastic_fit_agrees_with_monte_carlo():
     rng = np.random.default_rng(0)
     X = rng.uniform(-2, 2, size=(120, 1))

@@ -112,6 +112,7 @@ def test_too_many_nodes_is_a_value_error():
     Softmax(num_classes=2000).validate(np.array([0.0, 1999.0]))  # 1024 × 2000 entries: fine
 
 
+@pytest.mark.slow
 def test_closed_form_moments_are_the_derivatives_of_the_qmc_rule():
     C, n = 7, 5
     lik = Softmax(num_classes=C)
@@ -143,6 +144,7 @@ def test_closed_form_moments_are_the_derivatives_of_the_qmc_rule():
 # at Q = 10 (2¹⁰ nodes, 2 per class) E 9.9e-2, ρ 0.11, λ 0.29.  A 10⁶-sample reference gives
 # the same to two digits.
 @pytest.mark.parametrize("Q", [10, 50])
+@pytest.mark.slow
 def test_qmc_rule_against_monte_carlo(Q):
     y, m, v = _grid(Q, 6)
     ref = _reference(y, m, v, N=200_000)
@@ -168,6 +170,7 @@ def _classes(C, n, seed=0):
     return X, np.array([rng.choice(C, p=p) for p in P]).astype(float)
 
 
+@pytest.mark.slow
 def test_ten_class_full_gp_fit():
     X, y = _classes(10, 100)
     res = gpvi.fit(MultiLatent.full([kernels.RBF()] * 10, Softmax(num_classes=10)), X, y, max_iter=5)
@@ -176,6 +179,7 @@ def test_ten_class_full_gp_fit():
     assert p.shape == (100, 10) and np.allclose(p.sum(1), 1.0)
 
 
+@pytest.mark.slow
 def test_fifty_class_sparse_fit_on_200_rows():
     X, y = _classes(50, 200)
     lik = Softmax(num_classes=50)

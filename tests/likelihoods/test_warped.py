@@ -153,6 +153,7 @@ def test_lgcp_recipe_recovers_a_constant_rate():
     assert abs(mc.mean() - mean[0]) < 0.01 * mean[0] and abs(mc.var() - var[0]) < 0.05 * var[0]
 
 
+@pytest.mark.slow
 def test_warped_and_montecarlo_models_save_and_load(tmp_path):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 2))

@@ -47,6 +47,7 @@ def test_softmax_expectation_against_sampling():
 
 
 @pytest.mark.parametrize("C", [2, 3, 4])
+@pytest.mark.slow
 def test_softmax_closed_form_moments_are_the_derivatives_of_its_product_rule(C):
     """Softmax's (E, ρ, λ, h) in closed form against automatic differentiation of the product
     Gauss–Hermite rule written independently (logsumexp over all nodes at once)."""
@@ -106,6 +107,7 @@ def test_sums_are_the_vlb_gradient_by_finite_differences(lik):
 
 @pytest.mark.parametrize("lik", [Softmax(num_classes=3), MonteCarlo(Softmax(num_classes=3), num_samples=256)],
                          ids=["quadrature", "mc"])
+@pytest.mark.slow
 def test_fpi_and_gradient_reach_the_same_vlb(lik):
     X, y = _three_class(n=60)
     model = MultiLatent.full([kernels.RBF(lengthscale=1.0)] * 3, lik)
@@ -122,6 +124,7 @@ def test_fpi_and_gradient_reach_the_same_vlb(lik):
 
 @pytest.mark.parametrize("lik", [Softmax(num_classes=3), MonteCarlo(Softmax(num_classes=3), num_samples=64)],
                          ids=["quadrature", "mc"])
+@pytest.mark.slow
 def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means(lik):
     """The coupled mean direction (CG on I − Σ A h Aᵀ) against a dense solve with the Hessian of
     the VLB in all Q×d means by automatic differentiation, and the gap's mean share ½ gᵀĤ⁻¹g."""
@@ -166,6 +169,7 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     np.testing.assert_allclose(gap, cov_share + 0.5 * g @ d_ref, rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_coupled_mean_steps_converge_in_a_few_iterations_where_per_latent_steps_crawl():
     """Softmax couples the latents' means; the per-latent Newton step ignores that and contracts
     slowly.  Both reach the same optimum (checked against the gradient engine elsewhere)."""
@@ -212,6 +216,7 @@ def test_sparse_latents_with_learned_hyperparameters():
     assert np.asarray(res.model.latents[0].inducing).shape == (15, 2)
 
 
+@pytest.mark.slow
 def test_tied_hyperparameters_across_latents():
     """``latents.*.kernel.x`` is one parameter shared by every latent: its hypergradient is the
     sum of the per-latent ones (chain rule), and fit learns one value for all latents."""
@@ -283,6 +288,7 @@ def test_multiclass_classifier_saves_and_loads(tmp_path):
         assert list(back.classes_) == ["four", "nine", "seven"]
 
 
+@pytest.mark.slow
 def test_default_multiclass_classifier_goes_isotropic_then_ard():
     """GPClassifier's default kernel (isotropic first, then one lengthscale per feature) on three
     classes: each class's latent ends with an ARD kernel, and the fit separates the classes."""

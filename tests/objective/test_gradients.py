@@ -243,6 +243,7 @@ def _envelope_cases():
 
 
 @pytest.mark.parametrize("case", range(3), ids=["studentt", "bernoulli", "softmax"])
+@pytest.mark.slow
 def test_envelope_gradient_is_the_gradient_with_q_fixed_in_function_space(case):
     """At any state (here a random one, far from the optimum) the closed-form gradient of
     :func:`vlb_envelope` — ∂VLB/∂K = ½L⁻ᵀ(V + wwᵀ − I)L⁻¹, ∂VLB/∂μ = 1ᵀL⁻ᵀw, the likelihood's
@@ -270,6 +271,7 @@ def test_envelope_gradient_is_the_gradient_with_q_fixed_in_function_space(case):
 
 
 @pytest.mark.parametrize("case", range(3), ids=["studentt", "bernoulli", "softmax"])
+@pytest.mark.slow
 def test_envelope_gradient_is_the_profile_gradient_at_the_optimum(case):
     """At the optimal q the envelope gradient, the whitened autodiff gradient (q held fixed in
     the other coordinates) and central differences of the profile bound max_q VLB(θ) (each

@@ -8,6 +8,7 @@ from gpvi import likelihoods as L
 
 @pytest.mark.parametrize("d,blocks,cached", [(7, None, True), (7, 3, False), (130, None, True),
                                               (200, None, True), (200, 1, True), (200, 4, False), (30, 30, True)])
+@pytest.mark.slow
 def test_sums_match_dense_numpy(rng, d, blocks, cached):
     # blocks=None is the default split (1 block below d = 144, 2 at d = 200); the others force
     # uneven blocks, down to one row each, with the projections cached or recomputed per chunk.
@@ -41,6 +42,7 @@ def test_sums_match_dense_numpy(rng, d, blocks, cached):
 
 
 @pytest.mark.parametrize("blocks", [1, 3])
+@pytest.mark.slow
 def test_recomputed_sparse_gp_sums_in_raw_features_match_dense_numpy(rng, blocks):
     # With the projections recomputed per pass, the sparse GP's sums are taken in the raw
     # features K(Z, x) and mapped through L⁻¹ once (objective._raw_operator); against the
@@ -200,6 +202,7 @@ def _same_sums(a, b):
 
 
 @pytest.mark.parametrize("kind", ["glm", "sparse_cached", "sparse_raw", "full_gp", "two_latents", "clipped"])
+@pytest.mark.slow
 def test_trace_of_SV_from_the_pass_matches_the_dense_product(rng, kind):
     # Sums.trSV = Σ λ_i a_iᵀ V a_i comes from the marginal variances of the pass (in the raw
     # features of a recomputed sparse GP: Σ λ aᵀ(V − I)a + tr S); against tr(S V) formed

@@ -116,6 +116,7 @@ def _quick_checks():
 
 
 @pytest.mark.parametrize("estimator, check", _quick_checks())
+@pytest.mark.slow
 def test_sklearn_checks_quick(estimator, check):
     check(estimator)
 
@@ -167,6 +168,7 @@ def _predictions(est, X):
 
 @pytest.mark.parametrize("model", ["full", "sparse"])
 @pytest.mark.parametrize("name", ALL)
+@pytest.mark.slow
 def test_save_load_round_trip_is_exact(name, model, tmp_path):
     X, _, targets = _data()
     cols = ["a", "b"]
@@ -208,6 +210,7 @@ def test_save_load_keeps_kernel_parameter_and_learn_list(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["GLM", "GP", "SparseGP"])
+@pytest.mark.slow
 def test_fit_result_round_trip_is_exact(kind, tmp_path):
     X, f, targets = _data()
     y = targets["GPCountRegressor"]

@@ -29,6 +29,7 @@ def _nlpd(mean, std, y):
     return float(np.mean(0.5 * np.log(2 * np.pi * std**2) + 0.5 * ((y - mean) / std) ** 2))
 
 
+@pytest.mark.slow
 def test_heteroscedastic_noise_beats_the_homoscedastic_gp_on_test_nlpd(fits):
     het, hom = fits
     Xt, yt, sd = _data(400, 1)
@@ -44,6 +45,7 @@ def test_heteroscedastic_noise_beats_the_homoscedastic_gp_on_test_nlpd(fits):
     assert het.fit_result_.converged
 
 
+@pytest.mark.slow
 def test_the_default_hyperprior_targets_the_log_noise_latent(fits):
     het, _ = fits
     prior = priors.weak(het.fit_result_.model, noise=True, dimensions=1)

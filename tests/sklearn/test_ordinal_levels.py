@@ -186,6 +186,7 @@ def test_partial_fit_follows_a_non_alphabetical_order():
 
 
 @pytest.mark.parametrize("how", ["list", "tuple", "array", "object-array", "Categorical"])
+@pytest.mark.slow
 def test_save_and_load_keep_the_level_order(how, tmp_path):
     X, level, labels = _data()
     kw = dict(FIXED)

@@ -28,6 +28,7 @@ def _disc(n, seed, outside=False):
     return X[:n], np.where(inside[:n], "yes", "no")
 
 
+@pytest.mark.slow
 def test_binary_first_batch_with_one_class_then_both():
     X1, y1 = _disc(40, 0, outside=True)
     assert set(y1.tolist()) == {"no"}
@@ -47,6 +48,7 @@ def test_binary_first_batch_with_one_class_then_both():
     assert np.mean(pred == yt) > 0.93 and np.mean(pred[yt == "yes"] == "yes") > 0.5
 
 
+@pytest.mark.slow
 def test_multiclass_first_batch_missing_a_class():
     X, y = _blobs(60, [0, 1], 3)
     est = GPClassifier(**FAST).partial_fit(X, y, classes=[0, 1, 2])
