@@ -239,10 +239,11 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         return box["model"], box["state"]
 
     def step(chunk, scale, t):
+        n = t + 1  # the step's number: schedules count steps from 1 (t is the number taken so far)
         st, mdl = box["state"], box["model"]
         prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
         if not isinstance(sched, AdaptiveSchedule):
-            gamma = _gamma_value(sched(t + 1), t + 1) * box["damp"]
+            gamma = _gamma_value(sched(n), n) * box["damp"]
             sums, RH, new, v_new, ok_H, finite = _fused_step(mdl, prior, chunk, st, scale, gamma, blocks,
                                                             safeguard, box["pcache"])
             vlb, v_new, ok_H, finite = (float(x) for x in jax.device_get((sums.vlb, v_new, ok_H, finite)))
@@ -256,7 +257,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         if isinstance(sched, AdaptiveSchedule):
             gamma = sched(natural_gradient(st, sums.grad, sums.S))
         else:
-            gamma = _gamma_value(sched(t + 1), t + 1)
+            gamma = _gamma_value(sched(n), n)
         RH = precision_chol(sums.S)
         if not bool(jnp.all(jnp.isfinite(RH))):
             # I − Ŝ not positive definite (λ_i > 0 somewhere): clip γ_i = −λ_i at 0, as FPi does

@@ -266,13 +266,13 @@ def profile_search(problem, runner, model, names, state):
             val, g = neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
         g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
         val, g, lp = log_prior.penalise(theta, val, g)  # maximise bound + log p(θ)
-        if not np.isfinite(float(val)) or not np.all(np.isfinite(g)):
+        if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
         memo["state"], memo["obj"] = res.state, new_obj  # warm start for the next evaluation
-        score = -float(val) if laplace else res.vlb + lp
+        score = -val if laplace else res.vlb + lp
         if score > memo["best"][0]:
             memo["best"] = (score, np.array(x), res.state)
-        return float(val), g
+        return val, g
 
     def traced(x, f):  # the trace records the VLB (f also holds −log p(θ) under a hyperprior)
         if laplace:
