@@ -362,3 +362,11 @@ def test_small_benchmark_quick(tmp_path):
     assert rows["iris"]["gpvi"]["metrics"]["error"] < 0.2
     assert rows["iris"]["targets"]["cv3"]["ok"] in (True, False) and rows["diabetes"]["targets"]["cv3"]["ok"] is None
     assert "Targets" in (tmp_path / "small_quick.md").read_text()
+
+
+@pytest.mark.slow
+def test_hard_benchmark_quick(tmp_path):
+    out = _run("hard.py", tmp_path)
+    # the three quick problems: fpi converges on each (the rescue and the finite start included)
+    assert out["converged"]["fpi"] == 3
+    assert out["converged_below_best"] == []

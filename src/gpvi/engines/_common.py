@@ -155,6 +155,31 @@ def stalled_message(gap: float, vlb) -> str:
             f"{gap:.3g} nats at VLB {float(vlb):.10g})")
 
 
+# finite_start shrinks the starting covariance by these factors of its Cholesky factor (so the
+# covariance by their squares), in turn, until the VLB is finite.
+START_SCALES = tuple(10.0 ** -k for k in range(1, 9))
+
+
+def finite_start(objective, state: State, sums: Sums):
+    """``(state, sums, scale)``: ``state`` itself (``scale = 1``) when its VLB is finite, else the
+    first of ``State(mean, s·chol)``, ``s`` in :data:`START_SCALES`, whose VLB is.
+
+    The prior is the usual starting state, and under a large kernel or prior variance its
+    expected log-likelihood can overflow although the problem is well posed: a Poisson or
+    exponential likelihood needs ``E[e^f] = e^{m + v/2}``, infinite in float64 once the prior
+    variance ``v`` exceeds about 1400.  A narrower Gaussian at the same mean is a valid start
+    whose VLB is finite.  ``scale`` is ``None`` (and the state unchanged) when none was.
+    """
+    if np.isfinite(float(sums.vlb)):
+        return state, sums, 1.0
+    for s in START_SCALES:
+        cand = State(state.mean, state.chol * s)
+        cand_sums = objective.sums(cand)
+        if np.isfinite(float(cand_sums.vlb)):
+            return cand, cand_sums, s
+    return state, sums, None
+
+
 def final_gap(objective, state: State) -> float:
     """:func:`estimated_gap` at ``state`` with a fresh pass over the data (for engines that do
     not form ``I − S`` in their iterations)."""

@@ -210,7 +210,7 @@ def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, ob
     if B > N:
         raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
     steps, epoch_rows, epochs_done, ests = 0, 0, 0.0, []
-    stop, interrupted = message, False
+    stop = message
 
     def done(msg, interrupted_=False):
         model, state = current()

@@ -6,11 +6,10 @@ updates are safeguarded against lowering the VLB exactly as in :mod:`gpvi.engine
 """
 from __future__ import annotations
 
-import numpy as np
-
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap, gap_threshold, stalled_message
+from gpvi.engines._common import (START_SCALES, Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap,
+                                 finite_start, gap_threshold, stalled_message)
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
@@ -26,8 +25,10 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     clock = Clock(callback)
     sums = objective.sums(state)
     clock.tick(sums.vlb, 0)
-    if not np.isfinite(float(sums.vlb)):
-        return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state",
+    state, sums, scale = finite_start(objective, state, sums)
+    if scale is None:
+        return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state, nor with "
+                            f"its covariance shrunk by up to {START_SCALES[-1] ** 2:g}",
                             clock.trace, evaluations=objective.num_evaluations)
     mean_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     cov_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
@@ -63,7 +64,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,
                         mean_guard.backtracks + cov_guard.backtracks,
                         mean_guard.cycles + cov_guard.cycles, objective.num_evaluations,
-                        mean_guard.clipped + cov_guard.clipped, gap=gap)
+                        mean_guard.clipped + cov_guard.clipped, {} if scale == 1.0 else {"start_scale": scale}, gap)
 
 
 ENGINE = Engine("fpb", run, "batch fixed point: Newton on m to convergence, then a fixed-point step on V (Sheth et al. 2015)", data="sums")

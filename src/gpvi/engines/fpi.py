@@ -21,6 +21,16 @@ iteration instead of one, but no rejections — when
 and ``extras["sequential_because"]`` why (``"rejected steps"``, ``"slow steps"`` or
 ``"coupled latents"``).  The measurements behind these rules are in ``benchmarks/README.md``
 ("Why fpi switches to the paper's order").
+
+Where the fixed-point map does not contract (:data:`STALL_WINDOW` damped iterations in a row that
+gained less than half the remaining gap: a very large kernel or prior variance, separable
+classes), fpi runs L-BFGS on ``(m, chol V)`` (:mod:`gpvi.engines.gradient`) from its state for at
+most :data:`RESCUE_ITER` iterations — up to :data:`MAX_RESCUES` times — and resumes its own steps
+where L-BFGS stopped.  ``extras["rescues"]`` lists ``(iteration, L-BFGS iterations, VLB gained)``
+of each; their iterations count towards ``iterations`` and ``max_iter``.  A starting state whose
+VLB is not finite (the prior under a large variance with a Poisson or exponential likelihood) is
+replaced by the same mean with a narrower covariance (:func:`~gpvi.engines._common.finite_start`;
+``extras["start_scale"]``).
 """
 from __future__ import annotations
 
@@ -30,7 +40,9 @@ import numpy as np
 
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import Clock, EngineResult, SafeguardedAscent, gap_threshold, objective_gap, stalled_message
+from gpvi.engines import gradient as _gradient
+from gpvi.engines._common import (START_SCALES, Clock, EngineResult, SafeguardedAscent, finite_start, gap_threshold,
+                                 objective_gap, stalled_message)
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
@@ -54,13 +66,19 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     cov_guard.hold_after_damping = True
     rejected, extras = 0, {}
     converged, message, it, gap = False, f"reached max_iter={max_iter}", 0, float("inf")
-    if not np.isfinite(float(sums.vlb)):
-        return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state",
+    state, sums, scale = finite_start(objective, state, sums)
+    if scale is None:
+        return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state, nor with "
+                            f"its covariance shrunk by up to {START_SCALES[-1] ** 2:g}",
                             clock.trace, evaluations=objective.num_evaluations)
+    if scale != 1.0:
+        extras["start_scale"] = scale
     damped_run, window = 0, deque(maxlen=STALL_WINDOW)  # consecutive damped iterations; VLB at their starts
     slow_run, prev_gap = 0, float("inf")  # consecutive slow joint steps; the gap before the last one
     coupled = bool(getattr(objective, "coupled", False))
-    for it in range(1, max_iter + 1):
+    rescues = []  # (iteration, L-BFGS iterations, VLB gained) of each rescue
+    while it < max_iter:
+        it += 1
         thr = gap_threshold(sums.vlb, tol, tol_nats)
         backtracks_before = guard.backtracks + cov_guard.backtracks
         if "sequential_from" in extras:
@@ -94,39 +112,71 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         if damped_run >= STALL_WINDOW:
             gain = float(sums.vlb) - window[0]
             gap = objective_gap(objective, state, sums)
-            if gain < 0.5 * gap:
-                message = _stall_message(gain, gap, sums)
+            if gain >= 0.5 * gap:
+                continue
+            if len(rescues) >= MAX_RESCUES or it >= max_iter:
+                message = _stall_message(gain, gap, sums, rescues)
                 extras["stalled"] = True
                 break
+            # the map does not contract here: L-BFGS on (m, chol V) still ascends
+            res = _gradient.run(objective, state, tol=tol, tol_nats=tol_nats,
+                                max_iter=min(RESCUE_ITER, max_iter - it),
+                                callback=lambda i, v, t, at=it: clock.tick(v, at + i) if i > 0 else None)
+            rescues.append((it, res.iterations, res.vlb - float(sums.vlb)))
+            it += res.iterations
+            state, gap = res.state, res.gap
+            sums = objective.sums(state)
+            if res.converged:
+                converged, message = True, f"{res.message} (by L-BFGS after fpi's steps were damped at iteration {rescues[-1][0]})"
+                break
+            damped_run, rejected, slow_run, prev_gap = 0, 0, 0, float("inf")
+            window.clear()
+            guard.alpha = cov_guard.alpha = 1.0
     else:
-        # max_iter steps taken: the gap at the final state comes from one more factorisation
-        gap = objective_gap(objective, state, sums)
+        if not converged and "stalled" not in extras:
+            # max_iter steps taken: the gap at the final state comes from one more factorisation
+            gap = objective_gap(objective, state, sums)
+    if rescues:
+        extras["rescues"] = rescues
+        if not converged and "stalled" not in extras:
+            message += (f" (the fixed-point map does not contract on this posterior: {len(rescues)} phase(s) of L-BFGS "
+                        f"from iteration {rescues[0][0]} on; estimated gap {gap:.3g} nats: a larger max_iter may finish)")
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,
                         guard.backtracks + cov_guard.backtracks, guard.cycles + cov_guard.cycles,
                         objective.num_evaluations, guard.clipped + cov_guard.clipped, extras, gap)
 
 
-# fpi gives up, with a message saying why, after this many consecutive damped iterations that
-# together gained less than half the gap estimated at their end: at that pace (a contraction
-# factor above 0.986 per iteration) reaching the tolerance would take hundreds more damped
-# iterations.  Seen on ill-conditioned posteriors (a logistic GP with kernel variance 1e8:
-# I − Σλaaᵀ has eigenvalues from 1 to 1.3e4) where natural-gradient steps are damped to
-# α ≈ 0.004; a separable logistic GLM with prior variance 1e6, also damped throughout,
-# gains faster than that and converges in 70 iterations.
+# When the fixed-point map does not contract — STALL_WINDOW consecutive damped iterations that
+# together gained less than half the gap estimated at their end — fpi hands the state to L-BFGS on
+# (m, chol V) (the gradient engine) for at most RESCUE_ITER iterations, then resumes its own steps
+# from where L-BFGS stopped; after MAX_RESCUES such rescues it gives up, with a message saying why.
+# At the stall's pace (a contraction factor above 0.986 per iteration) reaching the tolerance would
+# take hundreds more damped iterations.  Seen on ill-conditioned posteriors: a logistic GP with
+# kernel variance 1e8 (I − Σλaaᵀ has eigenvalues from 1 to 1e8) where natural-gradient steps are
+# damped to α ≈ 0.004, a separable sparse logistic GP with kernel variance 1e6 (L-BFGS then
+# certifies the optimum 9 nats above the stalled state), an ordinal GP with kernel variance 1e6
+# (benchmarks/hard.py).  A separable logistic GLM with prior variance 1e6, also damped
+# throughout, gains faster than that and converges in about 60 iterations without a rescue.
 STALL_WINDOW = 30
+MAX_RESCUES, RESCUE_ITER = 3, 300
 
 # Joint steps that shrink the estimated gap by less than SLOW_RATIO each, SLOW_RUN times in a
 # row, make fpi switch to the paper's order (see the module docstring).
 SLOW_RATIO, SLOW_RUN = 0.5, 4
 
 
-def _stall_message(gain, gap, sums):
+def _stall_message(gain, gap, sums, rescues=()):
     H = np.eye(sums.S.shape[-1]) - np.asarray(sums.S)
     ev = np.sort(np.linalg.eigvalsh(0.5 * (H + np.swapaxes(H, -1, -2))).ravel())
-    return (f"stalled: the last {STALL_WINDOW} steps were all damped and together gained {gain:.3g} nats, "
-            f"less than half the estimated gap of {gap:.3g} nats that remains; the fixed-point map does not "
-            f"contract at this state (ill-conditioned: I − Σλaaᵀ has eigenvalues from {ev[0]:.3g} to "
-            f"{ev[-1]:.3g}); engine='gradient' may get closer")
+    why = (f"stalled: the last {STALL_WINDOW} steps were all damped and together gained {gain:.3g} nats, "
+           f"less than half the estimated gap of {gap:.3g} nats that remains; the fixed-point map does not "
+           f"contract at this state (ill-conditioned: I − Σλaaᵀ has eigenvalues from {ev[0]:.3g} to {ev[-1]:.3g})")
+    if not rescues:
+        return why + "; engine='gradient' may get closer"
+    return (why + f", and {len(rescues)} phases of L-BFGS (engine='gradient', {sum(r[1] for r in rescues)} iterations "
+            f"in all) did not finish either; engine='fpb' (a full Newton solve for the mean before each covariance "
+            f"step) may finish, at many more passes over the data — a very large kernel or prior variance makes "
+            f"a posterior this ill-conditioned")
 
 
 def _sequential_step(mean_guard, cov_guard, state, sums, stop_below):
