@@ -195,3 +195,30 @@ def test_learn_inducing_that_cannot_apply_is_an_error(rng):
     for learn in (True, ["kernel.lengthscale"]):
         with pytest.raises(ValueError, match="learn_inducing.*inducing inputs"):
             gpvi.fit(full, X, y, learn_hyperparameters=learn, learn_inducing=True)
+
+
+@pytest.mark.slow
+def test_learned_hyperparameters_do_not_climb_the_jitter():
+    # Issue 30 §2: the jitter is relative to the kernel variance (j·s·I, s the mean diagonal of
+    # K_ZZ), so a larger variance buys a larger nugget; the suspicion was that the search climbs
+    # the jitter rather than the data (a9a ended at variance 930).  Here the search does run
+    # away (variance ≈ 390, lengthscales 1e2–1e4: no hyperprior), so the nugget differs by 100×
+    # in absolute terms between the two fits (≈ 4e-8 and 4e-6); the optimum must not.
+    from sklearn.datasets import load_breast_cancer
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = (X - X.mean(0)) / X.std(0)
+    X, y = X[:300], y[:300].astype(float)
+    fits = {}
+    for j in (1e-10, 1e-8):
+        model = gpvi.SparseGP(gpvi.kernels.RBF(1.0, np.full(30, 5.0)), L.Bernoulli(), inducing=40, jitter=j)
+        fits[j] = gpvi.fit(model, X, y, learn_hyperparameters=True)
+        assert fits[j].converged and fits[j].jitter == j  # no tenfold retries: the jitter asked for
+    a, b = fits[1e-10], fits[1e-8]
+    assert float(a.model.kernel.variance) > 100  # the run-away case, not a tame one
+    assert abs(a.vlb - b.vlb) <= 1e-3
+    assert float(a.model.kernel.variance) == pytest.approx(float(b.model.kernel.variance), rel=0.02)
+    np.testing.assert_allclose(a.predict_proba(X), b.predict_proba(X), atol=2e-3)
+    # Cross-check: b's hyperparameters under a's jitter give a's bound to the same precision.
+    cross = gpvi.fit(b.model.replace(jitter=1e-10), X, y)
+    assert abs(cross.vlb - a.vlb) <= 1e-3
