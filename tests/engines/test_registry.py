@@ -372,3 +372,17 @@ def test_fit_stream_takes_exactly_the_streaming_engines():
     finally:
         unregister("toy-stream")
     assert names(streams=True) == streaming
+
+
+def test_default_max_iter_is_the_runs_default():
+    def capped(objective, state, *, tol=1e-6, max_iter=7, callback=None):
+        return None
+
+    def uncapped(objective, state, *, tol=1e-6, max_iter=None, callback=None):
+        return None
+
+    def required(objective, state, *, tol=1e-6, max_iter, callback=None):
+        return None
+
+    assert [Engine("e", f, "s").default_max_iter for f in (capped, uncapped, required)] == [7, None, 500]
+    assert get("fpi").default_max_iter == 500 and get("sfp").default_max_iter is None

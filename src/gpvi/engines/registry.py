@@ -108,6 +108,14 @@ class Engine:
                      if n not in COMMON_ARGUMENTS and p.kind is p.KEYWORD_ONLY)
 
     @property
+    def default_max_iter(self) -> int | None:
+        """The iteration limit of a run given ``max_iter=None``: the default of ``run``'s
+        ``max_iter`` (``None`` for the stochastic engines: no cap, their epochs stop them), 500
+        where ``run`` gives none."""
+        p = inspect.signature(self.run).parameters["max_iter"]
+        return 500 if p.default is inspect.Parameter.empty else p.default
+
+    @property
     def certifies(self) -> bool:
         """Whether the engine stops on an estimated gap to the optimum (takes ``tol_nats``)."""
         return "tol_nats" in inspect.signature(self.run).parameters

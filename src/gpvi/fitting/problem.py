@@ -4,7 +4,6 @@ checks it is made of, which :func:`gpvi.fit_stream` and the estimators share."""
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import jax.numpy as jnp
 import numpy as np
@@ -82,8 +81,7 @@ def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol,
                                      and np.isfinite(tol_nats)):
         raise ValueError(f"tol_nats must be a non-negative number of nats or None, got {tol_nats!r}")
     if max_iter is None:  # the engine's own limit (its run's default)
-        default = inspect.signature(eng.run).parameters.get("max_iter")
-        max_iter = default.default if default is not None and default.default is not inspect.Parameter.empty else 500
+        max_iter = eng.default_max_iter
     elif isinstance(max_iter, (bool, np.bool_)) or not isinstance(max_iter, (int, np.integer)) or max_iter < 1:
         raise ValueError(f"max_iter must be an int ≥ 1 (or None: the engine's own limit), got {max_iter!r}")
     max_iter = None if max_iter is None else int(max_iter)
