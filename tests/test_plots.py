@@ -112,3 +112,17 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
     with pytest.raises(ImportError, match=r'pip install "gpvi\[plot\]"'):
         require_matplotlib()
+
+
+def test_plots_and_datasets_are_attributes_of_gpvi_after_import_gpvi():
+    # The README says `gpvi.plots` draws the figures: after a bare `import gpvi` it raised
+    # AttributeError (as did gpvi.datasets) until `import gpvi.plots` was written out.
+    import subprocess
+
+    code = ("import gpvi; assert callable(gpvi.plots.plot_traces); assert callable(gpvi.datasets.coal_mining_counts); "
+            "import sys; print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    code = "import gpvi, sys; print('matplotlib' in sys.modules)"  # and a bare import still skips matplotlib
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

@@ -39,6 +39,7 @@ from gpvi.fitting.stream import fit_stream  # noqa: E402
 __version__ = "0.1.0"
 
 _ESTIMATORS = ("GPClassifier", "GPRegressor", "GPCountRegressor", "GPOrdinalRegressor")
+_LAZY_MODULES = ("plots", "datasets")
 
 
 def __getattr__(name):
@@ -49,6 +50,10 @@ def __getattr__(name):
 
         estimators = importlib.import_module("gpvi.sklearn.estimators")
         return estimators if name == "estimators" else getattr(estimators, name)
+    if name in _LAZY_MODULES:  # gpvi.plots needs matplotlib (the plot extra): imported when first used
+        import importlib
+
+        return importlib.import_module(f"gpvi.{name}")
     raise AttributeError(f"module 'gpvi' has no attribute {name!r}")
 
 __all__ = [
