@@ -522,3 +522,56 @@ def test_save_through_a_symlink_replaces_its_target_and_keeps_the_link(fits, tmp
     assert link.is_symlink() and os.path.realpath(link) == str(target)
     assert np.array_equal(gpvi.io.load(target).state.mean, fits["sparse"].state.mean)
     assert sorted(os.listdir(tmp_path)) == ["link.gpvi", "real.gpvi"]
+
+
+def test_a_file_naming_an_undefined_class_says_what_to_do_not_that_it_is_damaged(tmp_path):
+    # A Kernel subclass defined in the saving program but not in the loading one: the file is
+    # sound, and the error said "damaged gpvi model file ... register it with gpvi.io.register",
+    # which a Kernel subclass does not need.
+    import subprocess
+    import sys
+
+    code = '''
+import numpy as np, jax.numpy as jnp, gpvi, sys
+class Bump(gpvi.kernels.Kernel):
+    variance: object = gpvi.param("positive", 1.0, shape="scalar")
+    def _K(self, X, Y):
+        return self.variance * jnp.exp(-0.5 * jnp.sum((X[:, None, :] - Y[None, :, :]) ** 2, -1))
+    def _diag(self, X):
+        return self.variance * jnp.ones(X.shape[0])
+X = np.linspace(0, 1, 30)[:, None]; y = np.sin(6 * X[:, 0])
+fit = gpvi.fit(gpvi.GP(Bump(), gpvi.likelihoods.Gaussian()), X, y)
+gpvi.io.save(fit, sys.argv[1])
+'''
+    path = tmp_path / "bump.gpvi"
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    with pytest.raises(ValueError) as err:
+        gpvi.io.load(path)
+    msg = str(err.value)
+    assert "damaged" not in msg and "'Bump'" in msg and "not defined in this process" in msg
+    assert "Kernel subclass needs nothing more" in msg
+
+
+def test_the_certificate_and_jitter_survive_save_and_load(tmp_path):
+    # A loaded FitResult said converged=True with gap=nan: the gap, the jitter and the search's
+    # message were not stored.
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, (200, 1))
+    y = rng.poisson(np.exp(np.sin(2 * X[:, 0])))
+    fit = gpvi.fit(gpvi.SparseGP(gpvi.kernels.RBF(), gpvi.likelihoods.Poisson(), inducing=10), X, y,
+                   learn_hyperparameters=True, max_rounds=3)
+    assert np.isfinite(fit.gap) and np.isfinite(fit.jitter) and fit.search_message
+    gpvi.io.save(fit, tmp_path / "a.gpvi")
+    loaded = gpvi.io.load(tmp_path / "a.gpvi")
+    assert (loaded.gap, loaded.jitter, loaded.search_message) == (fit.gap, fit.jitter, fit.search_message)
+    # a crafted certificate is refused like any other damage
+    blob = members((tmp_path / "a.gpvi").read_bytes())
+    buf = io.BytesIO()
+    np.save(buf, np.array([-1.0, 1e-8]))
+    blob["fit.gap_jitter.npy"] = buf.getvalue()
+    with zipfile.ZipFile(tmp_path / "b.gpvi", "w") as zf:
+        for name, data in blob.items():
+            zf.writestr(name, data)
+    with pytest.raises(ValueError, match="damaged.*gap_jitter"):
+        gpvi.io.load(tmp_path / "b.gpvi")

@@ -25,14 +25,16 @@ from pathlib import Path
 import numpy as np
 
 from gpvi import likelihoods
-from gpvi.fitting.codec import (decode, encode, fit_result_from_arrays, fit_result_to_arrays, mog_result_from_arrays,
+from gpvi.fitting.codec import (UnknownClassError, decode, encode, fit_result_from_arrays, fit_result_to_arrays, mog_result_from_arrays,
                                 mog_result_to_arrays, real_array, register, short, why)
 from gpvi.fitting.mog import MoGResult
 from gpvi.models.base import check_X
 
 __all__ = ["save", "load", "register", "encode", "decode", "atomic_write", "FORMAT", "VERSION"]
 
+#: The ``"format"`` tag in every model file gpvi writes; :func:`load` refuses a file without it.
 FORMAT = "gpvi-model"
+#: The model-file format version written by :func:`save`; :func:`load` refuses a newer one.
 VERSION = 1
 
 
@@ -280,5 +282,7 @@ def _load(path):
             return est, extra
         except KeyError as err:
             raise ValueError(f"{path} is a damaged gpvi model file: missing {err}") from None
+        except UnknownClassError as err:
+            raise ValueError(f"cannot load {path}: {err}") from None
         except Exception as err:  # noqa: BLE001 - whatever a crafted file makes fail is damage
             raise ValueError(f"{path} is a damaged gpvi model file: {why(err)}") from None

@@ -156,6 +156,10 @@ def _is_abstract(cls) -> bool:
                for base, names in _ABSTRACT_METHODS.items() for name in names)
 
 
+class UnknownClassError(ValueError):
+    """A model file names a class this process does not know (the file itself may be sound)."""
+
+
 def decode(spec, arrays):
     """Inverse of :func:`encode`.  A malformed spec, an unknown or abstract class, or a
     component whose construction fails raises ``ValueError`` (or ``KeyError`` for an array
@@ -170,8 +174,10 @@ def decode(spec, arrays):
             if name in clashing:
                 raise ValueError(_clash_message(name, clashing[name], "load"))
         if cls is None:
-            raise ValueError(f"model file uses unknown class {short(name)} "
-                             "(register it with gpvi.io.register before loading)")
+            raise UnknownClassError(
+                f"the model file uses the class {short(name)}, which is not defined in this process: import "
+                "(or define) it before loading — a Kernel subclass needs nothing more, any other class of "
+                "your own must also be registered with gpvi.io.register")
         if _is_abstract(cls):
             raise ValueError(f"class {name} is abstract: a model file names only concrete classes")
         if not isinstance(fields, dict):
@@ -223,6 +229,9 @@ def fit_result_to_arrays(fit, prefix="fit"):
     arrays[f"{prefix}.state.mean"] = np.asarray(fit.state.mean)
     arrays[f"{prefix}.state.chol"] = np.asarray(fit.state.chol)
     arrays[f"{prefix}.trace"] = np.asarray(fit.trace)
+    # the certificate and the jitter (NaN where unknown, which JSON cannot hold) as an array
+    arrays[f"{prefix}.gap_jitter"] = np.array([fit.gap, fit.jitter], dtype=np.float64)
+    meta["search_message"] = str(fit.search_message)
     leaves = jax.tree_util.tree_leaves(fit.prior)
     meta["prior_leaves"] = len(leaves)
     for i, leaf in enumerate(leaves):
@@ -258,8 +267,27 @@ def fit_result_from_arrays(meta, arrays, prefix="fit"):
         raise ValueError(f"prior_leaves = {short(n)} is not a count of arrays in the file")
     leaves = [real_array(arrays[f"{prefix}.prior.{i}"], f"prior.{i}") for i in range(n)]
     prior = _checked_prior(model, leaves, scalars["input_dim"], d)
+    gap, jitter = _gap_and_jitter(meta, arrays, prefix)
     return FitResult(model=model, state=State(jnp.asarray(mean), jnp.asarray(chol)), trace=trace,
-                     prior=prior, **scalars)
+                     prior=prior, gap=gap, jitter=jitter, search_message=_search_message(meta), **scalars)
+
+
+def _gap_and_jitter(meta, arrays, prefix):
+    """``(gap, jitter)`` of a file written since they are stored; NaN for an older file."""
+    key = f"{prefix}.gap_jitter"
+    if key not in arrays:
+        return float("nan"), float("nan")
+    a = real_array(arrays[key], "gap_jitter", finite=False)
+    if a.shape != (2,) or np.any(a[~np.isnan(a)] < 0):
+        raise ValueError(f"gap_jitter must be two non-negative numbers (or NaN), got {short(a.tolist())}")
+    return float(a[0]), float(a[1])
+
+
+def _search_message(meta) -> str:
+    msg = meta.get("search_message", "")
+    if not isinstance(msg, str):
+        raise ValueError(f"search_message = {short(msg)} is not a string")
+    return msg
 
 
 # Fields of MoGResult stored in meta["scalars"] (the others are those of every MoGResult).
