@@ -49,6 +49,7 @@ from gpvi.likelihoods import Bernoulli, Exponential, Gaussian, Laplace, Likeliho
 __all__ = ["gamma", "gamma_slope", "check_conditions", "check_fit", "has_closed_form",
            "ConditionReport", "FitConditions", "DEFAULT_QUADRATURE"]
 
+#: Gauss-Hermite points of the checks for a likelihood without closed-form expectations.
 DEFAULT_QUADRATURE = 200
 _CLOSED_FORM = (Gaussian, Poisson, Exponential, Laplace, StochasticVolatility)
 _RTOL = 1e-10

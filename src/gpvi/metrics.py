@@ -25,6 +25,7 @@ def error_rate(y, yhat) -> float:
     return float(np.mean(y != yhat))
 
 
+#: Mean zero-one error: :func:`error_rate` under the name ordinal-regression papers use.
 mze = error_rate
 
 

@@ -49,6 +49,7 @@ EXIT_BAD_INPUT = 2
 EXIT_FIT_FAILED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a command stopped by Ctrl-C
 
+#: The values of ``gpvi fit --model``: sparse GP, full GP, Bayesian GLM, or auto (the default).
 MODELS = ("sparse", "full", "glm", "auto")  # the default: auto (gpvi.fitting.defaults.model_kind)
 # Cell values that mean "no value" (compared case-insensitively after stripping blanks): what
 # spreadsheets, R and pandas write for a missing cell.  "none" is not among them: it is a

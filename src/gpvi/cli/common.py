@@ -20,6 +20,7 @@ CLI_FORMAT = "gpvi-cli"
 CLI_VERSION = 2
 
 
+#: The values of ``gpvi fit --likelihood`` (probit: Bernoulli with the probit link).
 LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential",
                "softmax")
 

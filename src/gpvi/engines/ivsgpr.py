@@ -266,6 +266,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     hyperparameters : the names :func:`gpvi.fit` passes for ``learn_hyperparameters`` (with
         ``learn_inducing``); when given they replace ``learn``.
 
+    Notes
+    -----
     ``extras`` of the result: ``"model"`` (the learned model; its full-data VLB is the result's
     ``vlb``) and ``"subproblem_evaluations"`` (per step).
     """

@@ -69,6 +69,7 @@ from gpvi.engines._common import EngineResult, flip, reversed_chol, final_gap, g
 __all__ = ["run_jj", "run_taylor", "run_hybrid", "run_full", "learn", "collapsed_bound",
            "surrogate_objective", "SUPPORTED"]
 
+#: The engine names of this module (Bernoulli-logit models only).
 SUPPORTED = ("jj", "taylor", "jj-hybrid", "jj-full")
 _VARIANT = {"jj": ("jj", "alternate"), "taylor": ("taylor", "alternate"), "jj-hybrid": ("jj", "hybrid"),
             "jj-full": ("jj", "full")}

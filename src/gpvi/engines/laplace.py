@@ -331,7 +331,10 @@ def laplace_log_marginal_at(model, X, chunks: Chunks, mode, clip: bool = False):
     clip : use ``min(h_i, 0)`` in H (only when the exact H is not positive definite; the
         derivative is then not the exact implicit one).
 
-    Returns a scalar (NaN if ``H`` is not positive definite).
+    Returns
+    -------
+    scalar
+        The Laplace log marginal (NaN if ``H`` is not positive definite).
     """
     return _log_marginal_jit(model, jnp.asarray(X), chunks, jnp.asarray(mode), clip)
 
@@ -388,7 +391,15 @@ def laplace_log_marginal(model, X, y, offset=None, *, tol: float = 1e-10, max_it
     tol, max_iter : stopping rule of the Newton iterations (relative change of Ψ).
     chunk_size : most rows per chunk of the data sums.
 
-    Returns a JAX scalar.  Raises ``ValueError`` for the ``Laplace`` likelihood and bad input.
+    Returns
+    -------
+    scalar
+        The Laplace log marginal, a JAX scalar.
+
+    Raises
+    ------
+    ValueError
+        For the ``Laplace`` likelihood and bad input.
     """
     _check_likelihood(model.likelihood)
     X = check_X(X, "X")

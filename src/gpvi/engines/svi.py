@@ -90,9 +90,11 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         ``extras["model"]``.
     source, model : a :class:`gpvi.stream.Stream` and the model, for streaming without an
         in-memory objective (:func:`gpvi.fit_stream`).
-    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress);
-        on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
+    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress).
+    on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
 
+    Notes
+    -----
     A minibatch step that would make (m, L, θ) non-finite is not taken and the run stops.
     """
     if optimizer not in OPTIMIZERS:

@@ -49,6 +49,7 @@ from gpvi.likelihoods.base import Likelihood
 
 __all__ = ["MonteCarlo", "ESTIMATORS", "base_samples"]
 
+#: The values of :class:`MonteCarlo`'s ``estimator``: reparameterisation (default) or score function.
 ESTIMATORS = ("reparam", "score")
 
 

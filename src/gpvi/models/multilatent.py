@@ -44,6 +44,8 @@ class MultiLatent(Model):
         ignored and may be None): kernel, prior mean and inducing inputs of each latent.
     likelihood : a likelihood with ``num_latents == Q`` (e.g. ``Softmax(num_classes=Q)``).
 
+    Notes
+    -----
     Use :meth:`full` / :meth:`sparse` to build one from a list of kernels.  Parameters are
     addressed as ``latents.<q>.kernel.lengthscale`` etc.
     """

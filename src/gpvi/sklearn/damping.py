@@ -16,7 +16,9 @@ __all__ = ["DampingWarning", "damped_share", "warn_if_dominated", "DOMINATED_SHA
 
 # A fit is "dominated by damping" when at least this share of its passes over the data went into
 # damped (rejected) steps, and there were at least this many of them.
+#: Share of a fit's passes over the data spent in damped steps from which it is "dominated by damping".
 DOMINATED_SHARE = 0.25
+#: Fewest damped steps for a fit to count as dominated by damping.
 DOMINATED_MIN_STEPS = 50
 
 
