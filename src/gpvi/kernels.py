@@ -151,6 +151,14 @@ class Kernel(Module):
             raise ValueError(f"{type(self).__name__} is an abstract base class: use a kernel such as "
                              f"{', '.join(n for n in __all__ if n not in _NOT_LEAVES)}")
 
+    def structure(self) -> str:
+        """The kernel's structure in words, for summaries: ``RBF``, ``RBF + Periodic``,
+        ``Scale * (Matern52)``; a kernel built of others shows them in parentheses."""
+        parts = getattr(self, "kernels", None)
+        if isinstance(parts, tuple) and parts:
+            return f"{type(self).__name__}({', '.join(k.structure() for k in parts)})"
+        return type(self).__name__
+
     def _select(self, X):
         """The columns ``active_dims`` of the 2-D inputs ``X`` (``X`` itself when None)."""
         dims = self.active_dims
@@ -421,6 +429,9 @@ class Sum(Kernel):
 
     kernels: tuple = dataclasses.field(default=(), kw_only=False, metadata={"check": _check_kernels})
 
+    def structure(self) -> str:
+        return " + ".join(k.structure() for k in self.kernels)
+
     def _K(self, X1, X2):
         return sum(k(X1, X2) for k in self.kernels)
 
@@ -452,6 +463,9 @@ class Product(Kernel):
     """
 
     kernels: tuple = dataclasses.field(default=(), kw_only=False, metadata={"check": _check_kernels})
+
+    def structure(self) -> str:
+        return " * ".join(k.structure() for k in self.kernels)
 
     def _K(self, X1, X2):
         out = self.kernels[0](X1, X2)
@@ -493,6 +507,9 @@ class Scale(Kernel):
 
     kernel: object = dataclasses.field(kw_only=False, metadata={"check": _check_kernel})
     variance: object = _positional(param("positive", 1.0, shape="scalar"))
+
+    def structure(self) -> str:
+        return f"Scale * ({self.kernel.structure()})"
 
     def _K(self, X1, X2):
         return self.variance * self.kernel(X1, X2)

@@ -255,3 +255,26 @@ def test_predict_f_cov_diagonal_is_predict_f(sparse_fit):
     np.testing.assert_allclose(mc, m, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.diag(C), v, rtol=1e-8, atol=1e-12)
     assert np.allclose(C, C.T) and np.linalg.eigvalsh(C).min() > -1e-10
+
+
+def test_each_model_describes_itself():
+    # the summary's first line comes from Model.describe() and Kernel.structure() (no isinstance
+    # switch in FitResult): a new model or combinator kernel says what it is without an edit there
+    k = gpvi.kernels
+    Z = np.zeros((4, 1))
+    assert gpvi.GP(k.RBF() + k.Periodic(), L.Bernoulli()).describe() == "GP (full), kernel RBF + Periodic"
+    assert gpvi.SparseGP(2.0 * k.Matern52() * k.Linear(), L.Poisson(), inducing=Z).describe() == \
+        "SparseGP (M=4 inducing inputs), kernel Scale * (Matern52) * Linear"
+    assert gpvi.SparseGP(k.RBF(), L.Poisson(), inducing=7).describe() == "SparseGP (M=7 inducing inputs), kernel RBF"
+    assert gpvi.GLM(L.Bernoulli()).describe() == "GLM (Bayesian generalised linear model)"
+    ml = gpvi.MultiLatent.sparse([k.RBF(), k.Matern32()], gpvi.Softmax(num_classes=2), inducing=Z)
+    assert ml.describe() == "MultiLatent of 2 SparseGP latent functions, M=4 inducing inputs each, kernels RBF, Matern32"
+
+    class Bump(k.Kernel):
+        def _K(self, X1, X2):
+            return X1 @ X2.T
+
+        def _diag(self, X):
+            return np.sum(X * X, axis=1)
+
+    assert gpvi.GP(Bump() + k.White(0.1), L.Gaussian()).describe() == "GP (full), kernel Bump + White"

@@ -14,7 +14,7 @@ import numpy as np
 from gpvi._module import matching_parameters
 from gpvi.fitting.predict import latent_moments, likelihood_call
 from gpvi.fitting.problem import check_offset, learnable_parameters
-from gpvi.models.base import GLM, GP, Model, SparseGP, check_X
+from gpvi.models.base import Model, check_X
 from gpvi.objective import DEFAULT_CHUNK, State
 
 __all__ = ["FitResult", "effective_jitter", "SUMMARY_MAX_PARAMETERS"]
@@ -134,7 +134,7 @@ class FitResult:
         by shape and range).  The inducing inputs and the variational state are left out of the
         table (their shapes are shown on one line).
         """
-        lines = [f"{type(self).__name__}: {_describe_model(self.model)}",
+        lines = [f"{type(self).__name__}: {self.model.describe()}",
                  f"likelihood: {_describe_likelihood(self.model.likelihood)}"]
         lines.append(f"engine: {self.engine}; converged: {self.converged}; seconds: {self.seconds:.3g}")
         if self.message:
@@ -365,20 +365,6 @@ def _show_value(value) -> str:
     return f"shape {a.shape}, min {a.min():.4g}, max {a.max():.4g}"
 
 
-def _kernel_name(kernel) -> str:
-    """A kernel's structure in words: ``RBF``, ``RBF + Periodic``, ``2.0 * Matern52``."""
-    parts = getattr(kernel, "kernels", None)
-    name = type(kernel).__name__
-    if isinstance(parts, tuple) and parts:
-        op = " + " if name == "Sum" else " * " if name == "Product" else ", "
-        inner = op.join(_kernel_name(k) for k in parts)
-        return inner if name in ("Sum", "Product") else f"{name}({inner})"
-    inner = getattr(kernel, "kernel", None)
-    if name == "Scale" and inner is not None:
-        return f"Scale * ({_kernel_name(inner)})"
-    return name
-
-
 def _describe_likelihood(lik) -> str:
     """The likelihood's class with its string settings (``Bernoulli (link=logit)``) and class count."""
     if lik is None:
@@ -393,26 +379,3 @@ def _describe_likelihood(lik) -> str:
     if inner is not None and inner is not lik:
         extra.insert(0, f"of {_describe_likelihood(inner)}")
     return type(lik).__name__ + (f" ({', '.join(extra)})" if extra else "")
-
-
-def _describe_model(model) -> str:
-    """The model's class, size and kernel(s) on one line."""
-    name = type(model).__name__
-    lats = getattr(model, "latents", None)
-    if lats is not None:
-        kinds = sorted({type(l).__name__ for l in lats})
-        kern = [_kernel_name(l.kernel) for l in lats if hasattr(l, "kernel")]
-        shown = (f"kernel {kern[0]} each" if len(set(kern)) == 1 else f"kernels {', '.join(kern)}") if kern else ""
-        size = ""
-        if isinstance(lats[0], SparseGP) and np.ndim(lats[0].inducing) == 2:
-            size = f", M={np.shape(lats[0].inducing)[0]} inducing inputs each"
-        return f"{name} of {len(lats)} {'/'.join(kinds)} latent functions{size}" + (f", {shown}" if shown else "")
-    if isinstance(model, SparseGP):
-        M = np.shape(model.inducing)[0] if np.ndim(model.inducing) == 2 else model.inducing
-        return f"SparseGP (M={M} inducing inputs), kernel {_kernel_name(model.kernel)}"
-    if isinstance(model, GP):
-        return f"GP (full), kernel {_kernel_name(model.kernel)}"
-    if isinstance(model, GLM):
-        return "GLM (Bayesian generalised linear model)"
-    kern = getattr(model, "kernel", None)
-    return name + (f", kernel {_kernel_name(kern)}" if kern is not None else "")

@@ -194,6 +194,11 @@ class Model(Module):
         if type(self) is Model:
             raise ValueError("Model is an abstract base class: use GLM, GP or SparseGP")
 
+    def describe(self) -> str:
+        """The model's kind, size and kernel on one line (the first line of ``FitResult.summary()``)."""
+        kernel = getattr(self, "kernel", None)
+        return type(self).__name__ + (f", kernel {kernel.structure()}" if kernel is not None else "")
+
     def initialise(self, X, y=None, *, seed: int = 0) -> "Model":
         """Return a copy made concrete for data ``X`` (e.g. k-means inducing inputs)."""
         return self
@@ -280,6 +285,9 @@ class GLM(Model):
     likelihood: Likelihood = positional(kind=Likelihood)
     prior_variance: object = param("positive", 1.0, shape="scalar")
 
+    def describe(self) -> str:
+        return "GLM (Bayesian generalised linear model)"
+
     def num_weights(self, X):
         return int(np.shape(X)[1])
 
@@ -333,6 +341,10 @@ class SparseGP(Model):
         if Z.shape[0] > X.shape[0]:
             raise ValueError(f"inducing: M = {Z.shape[0]} inducing inputs but only N = {X.shape[0]} data rows (need M ≤ N)")
         return self.replace(inducing=jnp.asarray(Z))
+
+    def describe(self) -> str:
+        M = np.shape(self.inducing)[0] if np.ndim(self.inducing) == 2 else self.inducing
+        return f"SparseGP (M={M} inducing inputs), kernel {self.kernel.structure()}"
 
     def num_weights(self, X):
         return int(np.shape(self.inducing)[0])
@@ -394,6 +406,9 @@ class GP(Model):
     likelihood: Likelihood = positional(kind=Likelihood)
     mean: object = param("real", 0.0, shape="scalar")
     jitter: float = static(1e-8, check=_check_jitter)
+
+    def describe(self) -> str:
+        return f"GP (full), kernel {self.kernel.structure()}"
 
     def num_weights(self, X):
         return int(np.shape(X)[0])

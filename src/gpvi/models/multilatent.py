@@ -105,6 +105,16 @@ class MultiLatent(Model):
     def num_latents(self) -> int:
         return len(self.latents)
 
+    def describe(self) -> str:
+        lats = self.latents
+        kinds = sorted({type(l).__name__ for l in lats})
+        kern = [l.kernel.structure() for l in lats if hasattr(l, "kernel")]
+        shown = (f"kernel {kern[0]} each" if len(set(kern)) == 1 else f"kernels {', '.join(kern)}") if kern else ""
+        size = ""
+        if isinstance(lats[0], SparseGP) and np.ndim(lats[0].inducing) == 2:
+            size = f", M={np.shape(lats[0].inducing)[0]} inducing inputs each"
+        return f"{type(self).__name__} of {len(lats)} {'/'.join(kinds)} latent functions{size}" + (f", {shown}" if shown else "")
+
     def initialise(self, X, y=None, *, seed: int = 0):
         lat = tuple(l.initialise(X, y, seed=seed) for l in self.latents)
         out = self.replace(latents=lat)
