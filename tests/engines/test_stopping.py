@@ -11,7 +11,7 @@ import pytest
 
 import gpvi
 from gpvi import likelihoods as L
-from gpvi.engines import fpi, gradient
+from gpvi.engines import fpi
 from gpvi.engines._common import estimated_gap, gap_threshold
 from gpvi.objective import Objective, State, prior_state
 from problems import jittered as _jittered, problem as _problem, regression_data as _regression_data, titsias_bound as _titsias_bound
