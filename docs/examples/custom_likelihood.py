@@ -107,8 +107,11 @@ print("largest relative difference of the predictive variances:", np.max(np.abs(
 # kernel variance (its dotted name is `likelihood.r`). With `Var[y | f] = μ + μ² / r`, small `r`
 # means counts more spread out than Poisson counts.
 
+# It has the same support (counts) and mean (`e^f`) as the Poisson above, so it inherits
+# `validate` and `conditional_mean` from `MyPoisson` and replaces the rest.
+
 # %%
-class NegativeBinomial(Likelihood):
+class NegativeBinomial(MyPoisson):
     """y ~ NegBin(mean = exp(f), dispersion r)."""
 
     r: object = gpvi.param("positive", 1.0, shape="scalar")
@@ -118,15 +121,6 @@ class NegativeBinomial(Likelihood):
         log_mu = f
         return (gammaln(y + r) - gammaln(r) - gammaln(y + 1.0)
                 + r * jnp.log(r) + y * log_mu - (r + y) * jnp.logaddexp(jnp.log(r), log_mu))
-
-    def validate(self, y):
-        y = np.asarray(y, dtype=np.float64)
-        if y.ndim != 1 or np.any(y < 0) or np.any(y != np.round(y)):
-            raise ValueError("y must be a 1-D array of non-negative integers")
-        return y
-
-    def conditional_mean(self, f):
-        return jnp.exp(f)
 
     def conditional_variance(self, f):
         mu = jnp.exp(f)
