@@ -659,6 +659,10 @@ class Objective:
     cache_bytes : keep all projections ``a_i`` in memory when they take at most this much.
     blocks : number of row blocks the projections are split into (default
         :func:`num_blocks` of the number of weights; any value gives the same sums).
+
+    Raises ``numpy.linalg.LinAlgError`` naming the matrix when the prior covariance cannot be
+    factorised even with the largest jitter (:meth:`check_prior`), so a constructed objective
+    always has a finite prior.
     """
 
     def __init__(self, model: Model, X, y, offset=None, *, chunk_size=DEFAULT_CHUNK,
@@ -676,6 +680,7 @@ class Objective:
             raise ValueError(f"blocks must be between 1 and the number of weights ({self.dim}), got {blocks!r}")
         self.prior, self._prior_finite, self.proj = chunk_setup(model, prior_inputs(model, self.X, self.chunks),
                                                            self.chunks.X, self.cached, self.blocks)
+        self.check_prior()
         self.num_evaluations = 0
         # Q latents that the likelihood couples: the mean steps use the joint Newton direction
         # (:meth:`newton_direction`) when the projections are in memory (each CG iteration is a

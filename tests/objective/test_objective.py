@@ -137,6 +137,9 @@ def test_unfactorisable_prior_raises_a_clear_error(rng):
                   gpvi.GP(kernel=Negated(), likelihood=L.Poisson())):
         with pytest.raises(np.linalg.LinAlgError, match="Cholesky of K"):
             gpvi.fit(model, X, y)
+        # the objective itself refuses it when built: no check_prior() call to remember
+        with pytest.raises(np.linalg.LinAlgError, match="Cholesky of K"):
+            gpvi.Objective(model.initialise(X), X, y)
 
 
 def test_full_gp_training_projection_matches_dense_numpy(rng):

@@ -390,6 +390,7 @@ class BlockObjective(Objective):
             raise ValueError(f"blocks must be between 1 and the number of weights ({self.dim}), got {blocks!r}")
         self.prior_X = jnp.zeros((0, source.num_cols)) if prior_X is None else jnp.asarray(prior_X)
         self.prior, self._prior_finite = _prior(model, self.prior_X)
+        self.check_prior()  # before a plan of its own is opened
         self.cached = False
         self._owns_plan = plan is None
         if plan is None:  # a plan of its own (fit() shares one plan among the objectives of a fit)

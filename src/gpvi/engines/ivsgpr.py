@@ -322,7 +322,6 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             with paused():
                 monitor(t, model, state)
     final = Objective(model, X, y, off, chunk_size=n)
-    final.check_prior()
     vlb = float(final.vlb(state))
     message = (f"ran max_iter={int(max_iter)} minibatch steps of {int(batch_size)} rows (stochastic mirror "
                "ascent has no convergence certificate)")

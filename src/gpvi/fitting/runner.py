@@ -178,7 +178,6 @@ class Runner:
             obj = BlockObjective(model, p.source, plan=p.plan, prior_X=p.X if isinstance(model, GP) else None)
         else:
             obj = Objective(model, p.X, p.y, p.offset, chunk_size=p.chunk_size, cache_bytes=p.cache_bytes)
-        obj.check_prior()
         return obj
 
     def start_clock(self) -> None:
@@ -225,5 +224,4 @@ def start(problem) -> tuple[State, Objective | None]:
         raise ValueError("init='laplace' needs the laplace engine, which is not available")
     p = problem
     obj = Objective(p.model, p.X, p.y, p.offset, chunk_size=p.chunk_size, cache_bytes=p.cache_bytes)
-    obj.check_prior()
     return _engines.get("laplace")(obj, prior_state(obj.dim)).state, obj
