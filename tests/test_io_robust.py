@@ -525,7 +525,8 @@ def test_save_through_a_symlink_replaces_its_target_and_keeps_the_link(fits, tmp
 
 
 def test_a_file_naming_an_undefined_class_says_what_to_do_not_that_it_is_damaged(tmp_path):
-    # A Kernel subclass defined in the saving program but not in the loading one: the file is
+    # A Kernel subclass defined in the saving program but not in the loading one (a name no other
+    # test defines: Kernel subclasses are found by class name): the file is
     # sound, and the error said "damaged gpvi model file ... register it with gpvi.io.register",
     # which a Kernel subclass does not need.
     import subprocess
@@ -533,14 +534,14 @@ def test_a_file_naming_an_undefined_class_says_what_to_do_not_that_it_is_damaged
 
     code = '''
 import numpy as np, jax.numpy as jnp, gpvi, sys
-class Bump(gpvi.kernels.Kernel):
+class OnlyInTheSavingProcess(gpvi.kernels.Kernel):
     variance: object = gpvi.param("positive", 1.0, shape="scalar")
     def _K(self, X, Y):
         return self.variance * jnp.exp(-0.5 * jnp.sum((X[:, None, :] - Y[None, :, :]) ** 2, -1))
     def _diag(self, X):
         return self.variance * jnp.ones(X.shape[0])
 X = np.linspace(0, 1, 30)[:, None]; y = np.sin(6 * X[:, 0])
-fit = gpvi.fit(gpvi.GP(Bump(), gpvi.likelihoods.Gaussian()), X, y)
+fit = gpvi.fit(gpvi.GP(OnlyInTheSavingProcess(), gpvi.likelihoods.Gaussian()), X, y)
 gpvi.io.save(fit, sys.argv[1])
 '''
     path = tmp_path / "bump.gpvi"
@@ -549,7 +550,7 @@ gpvi.io.save(fit, sys.argv[1])
     with pytest.raises(ValueError) as err:
         gpvi.io.load(path)
     msg = str(err.value)
-    assert "damaged" not in msg and "'Bump'" in msg and "not defined in this process" in msg
+    assert "damaged" not in msg and "'OnlyInTheSavingProcess'" in msg and "not defined in this process" in msg
     assert "Kernel subclass needs nothing more" in msg
 
 

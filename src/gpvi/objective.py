@@ -659,6 +659,9 @@ class Objective:
     cache_bytes : keep all projections ``a_i`` in memory when they take at most this much.
     blocks : number of row blocks the projections are split into (default
         :func:`num_blocks` of the number of weights; any value gives the same sums).
+    coupled : whether fpi's mean steps take the joint Newton direction of Q latents that the
+        likelihood couples (softmax); ``None`` (default): where the projections are in memory.
+    newton_rtol : relative residual at which that direction's conjugate gradients stop.
 
     Raises ``numpy.linalg.LinAlgError`` naming the matrix when the prior covariance cannot be
     factorised even with the largest jitter (:meth:`check_prior`), so a constructed objective
@@ -666,7 +669,8 @@ class Objective:
     """
 
     def __init__(self, model: Model, X, y, offset=None, *, chunk_size=DEFAULT_CHUNK,
-                 cache_bytes=DEFAULT_CACHE_BYTES, blocks: int | None = None):
+                 cache_bytes=DEFAULT_CACHE_BYTES, blocks: int | None = None, coupled: bool | None = None,
+                 newton_rtol: float = 1e-3):
         self.model = model
         self.X = as_device_array(X)
         self.num_data = int(self.X.shape[0])
@@ -684,11 +688,19 @@ class Objective:
         self.num_evaluations = 0
         # Q latents that the likelihood couples: the mean steps use the joint Newton direction
         # (:meth:`newton_direction`) when the projections are in memory (each CG iteration is a
-        # product with them); set False to take the per-latent steps instead.
-        self.coupled = bool(self.num_latents and getattr(model.likelihood, "num_latents", 1) > 1 and self.cached)
+        # product with them); coupled=False takes the per-latent steps instead.
+        can_couple = bool(self.num_latents and getattr(model.likelihood, "num_latents", 1) > 1 and self.cached)
+        if coupled not in (None, True, False):
+            raise ValueError(f"coupled must be None (automatic), True or False, got {coupled!r}")
+        if coupled and not can_couple:
+            raise ValueError("coupled=True needs several latents that the likelihood couples (softmax) and the "
+                             "projections in memory (cache_bytes)")
+        self.coupled = can_couple if coupled is None else coupled
         # relative residual at which the conjugate gradients of that direction stop (an inexact
         # Newton step; see _coupled_direction)
-        self.newton_rtol = 1e-3
+        if not (isinstance(newton_rtol, (int, float)) and 0 < newton_rtol < 1):
+            raise ValueError(f"newton_rtol must be a number in (0, 1), got {newton_rtol!r}")
+        self.newton_rtol = float(newton_rtol)
 
     def newton_direction(self, state: State, grad, RH, rows_h=None):
         """The joint Newton direction of the means of all latent blocks and the gain it

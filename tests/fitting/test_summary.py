@@ -270,11 +270,12 @@ def test_each_model_describes_itself():
     ml = gpvi.MultiLatent.sparse([k.RBF(), k.Matern32()], gpvi.Softmax(num_classes=2), inducing=Z)
     assert ml.describe() == "MultiLatent of 2 SparseGP latent functions, M=4 inducing inputs each, kernels RBF, Matern32"
 
-    class Bump(k.Kernel):
+    class DescribedKernel(k.Kernel):
         def _K(self, X1, X2):
             return X1 @ X2.T
 
         def _diag(self, X):
             return np.sum(X * X, axis=1)
 
-    assert gpvi.GP(Bump() + k.White(0.1), L.Gaussian()).describe() == "GP (full), kernel Bump + White"
+    assert gpvi.GP(DescribedKernel() + k.White(0.1), L.Gaussian()).describe() == \
+        "GP (full), kernel DescribedKernel + White"

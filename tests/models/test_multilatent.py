@@ -153,13 +153,12 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     assert exact_share * (1 - 1e-5) <= float(share_def) <= exact_share * (1 + 1e-12), (share_def, exact_share)
     assert np.linalg.norm(np.asarray(d_def).reshape(-1) - d_ref) <= 1e-2 * np.linalg.norm(d_ref)
     # solved to 1e-12, with the rows' curvatures from the pass and recomputed
-    obj.newton_rtol = 1e-12
+    obj = Objective(model, X, y, newton_rtol=1e-12)
     RH, d, gap = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h)
     np.testing.assert_allclose(np.asarray(d).reshape(-1), d_ref, rtol=1e-8, atol=1e-10 * np.abs(d_ref).max())
     _, d2, _ = coupled_target(obj, st, sums.grad, sums.S)
     np.testing.assert_allclose(np.asarray(d2), np.asarray(d), rtol=1e-10, atol=1e-12 * np.abs(d_ref).max())
     # the gap's covariance share is the per-latent one: remove it via the uncoupled estimate
-    obj.coupled = False
     from gpvi.engines._common import estimated_gap
     blockwise = float(estimated_gap(st, sums.grad, sums.S)[0])
     Hb = np.zeros_like(H)
@@ -179,8 +178,7 @@ def test_coupled_mean_steps_converge_in_a_few_iterations_where_per_latent_steps_
 
     runs = {}
     for coupled in (True, False):
-        obj = Objective(model, X, y)
-        obj.coupled = coupled
+        obj = Objective(model, X, y, coupled=coupled)
         runs[coupled] = fpi.run(obj, prior_state(60, 3), tol=1e-9)
         assert runs[coupled].converged, runs[coupled].message
     assert runs[True].iterations <= 10 < runs[False].iterations, (runs[True].iterations, runs[False].iterations)

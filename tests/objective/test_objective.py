@@ -51,7 +51,7 @@ def test_recomputed_sparse_gp_sums_in_raw_features_match_dense_numpy(rng, blocks
     # sums is magnified by up to cond(K(Z, Z))·ε on the way through L⁻¹ (measured here: VLB
     # ~1e-10, S ~4e-9 relative, against ~1e-12 for the per-chunk projections); the tolerances
     # below allow that and no more.
-    from scipy.linalg import cho_factor, solve_triangular
+    from scipy.linalg import solve_triangular
     from scipy.special import gammaln
 
     N, M = 257, 24
@@ -250,3 +250,18 @@ def test_trace_of_SV_from_the_pass_matches_the_dense_product(rng, kind):
     dense = float(estimated_gap(state, sums.grad, sums.S)[0])
     assert np.isfinite(dense) and dense > 0
     np.testing.assert_allclose(with_pass, dense, rtol=1e-9)
+
+
+def test_objective_options_are_set_when_built_and_checked(rng):
+    # coupled and newton_rtol were attributes set from outside after construction (issue 31)
+    X = rng.normal(size=(20, 2))
+    y = rng.poisson(1.0, size=20)
+    model = gpvi.GP(kernel=gpvi.kernels.RBF(), likelihood=L.Poisson()).initialise(X)
+    assert gpvi.Objective(model, X, y).coupled is False  # one latent: nothing to couple
+    with pytest.raises(ValueError, match="coupled=True needs several latents"):
+        gpvi.Objective(model, X, y, coupled=True)
+    with pytest.raises(ValueError, match="coupled must be"):
+        gpvi.Objective(model, X, y, coupled="yes")
+    with pytest.raises(ValueError, match="newton_rtol must be"):
+        gpvi.Objective(model, X, y, newton_rtol=0.0)
+    assert gpvi.Objective(model, X, y, newton_rtol=1e-6).newton_rtol == 1e-6
