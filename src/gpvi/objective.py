@@ -663,9 +663,11 @@ class Objective:
         likelihood couples (softmax); ``None`` (default): where the projections are in memory.
     newton_rtol : relative residual at which that direction's conjugate gradients stop.
 
-    Raises ``numpy.linalg.LinAlgError`` naming the matrix when the prior covariance cannot be
-    factorised even with the largest jitter (:meth:`check_prior`), so a constructed objective
-    always has a finite prior.
+    Raises
+    ------
+    numpy.linalg.LinAlgError
+        Naming the matrix, when the prior covariance cannot be factorised even with the largest
+        jitter (:meth:`check_prior`): a constructed objective always has a finite prior.
     """
 
     def __init__(self, model: Model, X, y, offset=None, *, chunk_size=DEFAULT_CHUNK,
