@@ -180,6 +180,11 @@ def finite_start(objective, state: State, sums: Sums):
     return state, sums, None
 
 
+#: The message of an engine run that :func:`finite_start` could not start.
+NOT_FINITE_START = ("VLB is not finite at the starting state, nor with its covariance shrunk by up to "
+                    f"{START_SCALES[-1] ** 2:g}")
+
+
 def final_gap(objective, state: State) -> float:
     """:func:`estimated_gap` at ``state`` with a fresh pass over the data (for engines that do
     not form ``I − S`` in their iterations)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import (START_SCALES, Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap,
+from gpvi.engines._common import (NOT_FINITE_START, Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap,
                                  finite_start, gap_threshold, stalled_message)
 
 
@@ -27,8 +27,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     clock.tick(sums.vlb, 0)
     state, sums, scale = finite_start(objective, state, sums)
     if scale is None:
-        return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state, nor with "
-                            f"its covariance shrunk by up to {START_SCALES[-1] ** 2:g}",
+        return EngineResult(state, float(sums.vlb), 0, False, NOT_FINITE_START,
                             clock.trace, evaluations=objective.num_evaluations)
     mean_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     cov_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)

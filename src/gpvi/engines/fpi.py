@@ -41,7 +41,7 @@ import numpy as np
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
 from gpvi.engines import gradient as _gradient
-from gpvi.engines._common import (START_SCALES, Clock, EngineResult, SafeguardedAscent, finite_start, gap_threshold,
+from gpvi.engines._common import (NOT_FINITE_START, Clock, EngineResult, SafeguardedAscent, finite_start, gap_threshold,
                                  objective_gap, stalled_message)
 
 
@@ -68,8 +68,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     converged, message, it, gap = False, f"reached max_iter={max_iter}", 0, float("inf")
     state, sums, scale = finite_start(objective, state, sums)
     if scale is None:
-        return EngineResult(state, float(sums.vlb), 0, False, "VLB is not finite at the starting state, nor with "
-                            f"its covariance shrunk by up to {START_SCALES[-1] ** 2:g}",
+        return EngineResult(state, float(sums.vlb), 0, False, NOT_FINITE_START,
                             clock.trace, evaluations=objective.num_evaluations)
     if scale != 1.0:
         extras["start_scale"] = scale
@@ -133,9 +132,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             window.clear()
             guard.alpha = cov_guard.alpha = 1.0
     else:
-        if not converged and "stalled" not in extras:
-            # max_iter steps taken: the gap at the final state comes from one more factorisation
-            gap = objective_gap(objective, state, sums)
+        # max_iter steps taken: the gap at the final state comes from one more factorisation
+        gap = objective_gap(objective, state, sums)
     if rescues:
         extras["rescues"] = rescues
         if not converged and "stalled" not in extras:

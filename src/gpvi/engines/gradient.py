@@ -20,7 +20,7 @@ import scipy.optimize
 
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import START_SCALES, Clock, EngineResult, estimated_gap, final_gap, finite_start, gap_threshold
+from gpvi.engines._common import NOT_FINITE_START, Clock, EngineResult, estimated_gap, final_gap, finite_start, gap_threshold
 
 
 # A state of Q latent blocks (mean (Q, d), gpvi.models.multilatent) is packed block after block; the
@@ -99,8 +99,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     if not np.isfinite(f0):
         state, _sums, scale = finite_start(objective, state, objective.sums(state))
         if scale is None:
-            return EngineResult(state, -float(f0), 0, False, "VLB is not finite at the starting state, nor with "
-                                f"its covariance shrunk by up to {START_SCALES[-1] ** 2:g}",
+            return EngineResult(state, -float(f0), 0, False, NOT_FINITE_START,
                                 clock.trace, evaluations=objective.num_evaluations)
         extras["start_scale"] = scale
         x0 = np.asarray(_pack(state))
