@@ -118,7 +118,10 @@ def run_method(name, model, X, y, Xt, yt, B, iters, seed, log, ada_max_evals=iv.
     times = []
     last = [time.perf_counter()]
 
-    def monitor(t, mdl, state):
+    def on_state(mdl, state, progress):
+        t = progress.iteration
+        if t == 0:
+            return
         now = time.perf_counter()
         times.append(now - last[0])
         if t in pts:
@@ -127,8 +130,8 @@ def run_method(name, model, X, y, Xt, yt, B, iters, seed, log, ada_max_evals=iv.
         last[0] = time.perf_counter()
 
     t0 = time.perf_counter()
-    res = gpvi.fit(model, X, y, engine="ivsgpr", max_iter=iters,
-                   engine_options=dict(batch_size=B, subproblem_evals=EVALS[name], seed=seed, monitor=monitor,
+    res = gpvi.fit(model, X, y, engine="ivsgpr", max_iter=iters, on_state=on_state,
+                   engine_options=dict(batch_size=B, subproblem_evals=EVALS[name], seed=seed,
                                        ada_max_evals=ada_max_evals))
     evals = res.extras["subproblem_evaluations"]
     return {"nmse": curve[-1][1], "curve": curve, "vlb": res.vlb, "seconds": time.perf_counter() - t0,

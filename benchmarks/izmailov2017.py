@@ -8,11 +8,11 @@ methods, so k-means is not timed), an SE kernel with a Gaussian noise term as in
 ``--no-noise`` drops it), the same starting hyperparameters for every method (variance 1,
 lengthscale √D, noise variance 0.01, mean 0).  vi-* use the paper's ``n_upd = 3`` and at most 5 L-BFGS-B
 evaluations per θ step; their test accuracy is evaluated at every traced iterate off the clock
-(``engine_options={"on_state": ...}``).  fpi learns θ by fit's profile L-BFGS-B; its curve is
+(``gpvi.fit(on_state=...)``).  fpi learns θ by fit's profile L-BFGS-B; its curve is
 made of separate fits with ``max_rounds`` = 1, 2, 4, … (each timed from its own start).
 svi-AdaDelta runs over a learning-rate grid with the paper's batch sizes (50 for german and
 svmguide1, ≈ n/100 otherwise), one fit per rate with test accuracy after every epoch (off the
-clock, through svi's ``on_epoch`` hook); the rate reaching the best accuracy soonest is chosen.
+clock, through fit's ``on_state`` hook); the rate reaching the best accuracy soonest is chosen.
 Every method runs once untimed on the same data first, so compilation is not in the curves.
 
 Also measured: one analytic jj round against one fpi iteration at the data set's (N, M)
@@ -135,13 +135,12 @@ def accuracy(model, state, Xte, yte):
 def run_vi(engine, model, Xtr, ytr, Xte, yte, a, warm=False):
     accs = []
 
-    def on_state(mdl, st, t):
+    def on_state(mdl, st, progress):
         accs.append(accuracy(mdl, st, Xte, yte))
 
     # two outer iterations: the second runs on the learned (array-valued) parameters, a new jit key
     kw = dict(max_rounds=2, max_iter=2) if warm else dict(max_rounds=a.rounds, max_iter=a.full_iter)
-    r = gpvi.fit(model, Xtr, ytr, engine=engine, learn_hyperparameters=True, tol=1e-6,
-                 engine_options={"on_state": on_state}, **kw)
+    r = gpvi.fit(model, Xtr, ytr, engine=engine, learn_hyperparameters=True, tol=1e-6, on_state=on_state, **kw)
     return {"times": r.trace[:, 0].tolist(), "accuracy": accs, "vlb": r.trace[:, 1].tolist(),
             "final_vlb": r.vlb, "surrogate_bound": r.extras["surrogate_bound"], "seconds": r.seconds,
             "message": r.message, "kernel": repr(r.model.kernel)}
@@ -172,13 +171,18 @@ def run_svi(model, Xtr, ytr, Xte, yte, opts, epochs, eval_every):
     def cb(iteration, vlb, t):
         seconds[0] = t
 
-    def on_epoch(epoch, mdl, st):
-        if (epoch + 1) % eval_every == 0 or epoch + 1 == epochs:
+    ends = [0]  # epochs ended so far
+
+    def on_state(mdl, st, progress):  # at the start and after every epoch (svi's trace rows)
+        if progress.iteration == 0:
+            return
+        ends[0] += 1
+        if ends[0] % eval_every == 0 or ends[0] == epochs:
             times.append(seconds[0])
             accs.append(accuracy(mdl, st, Xte, yte))
 
-    r = gpvi.fit(model, Xtr, ytr, engine="svi", learn_hyperparameters=True, callback=cb,
-                 engine_options=dict(opts, epochs=epochs, on_epoch=on_epoch))
+    r = gpvi.fit(model, Xtr, ytr, engine="svi", learn_hyperparameters=True, callback=cb, on_state=on_state,
+                 engine_options=dict(opts, epochs=epochs))
     # svi (h16) compiles its minibatch step inside every fit, in the first epoch and on its
     # clock, even when the same shapes ran before; that one-off excess (the first epoch's time
     # minus the median of the later epochs') is subtracted, and reported.

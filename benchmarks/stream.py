@@ -132,9 +132,9 @@ def run_one(lik, a, workdir, log):
         per_epoch.append({"epoch": epoch + 1, "test_nlpd": nlpd(fr, Xte, yte), "rss_mb": C.current_rss_mb()})
         log(f"{lik}: sfp epoch {epoch + 1}: test NLPD {per_epoch[-1]['test_nlpd']:.5f}")
 
-    with C.OtherLoad() as load_sfp:
+    with C.OtherLoad() as load_sfp:  # (a stream: the hook sees the state after every epoch)
         res = gpvi.fit_stream(model, src, engine="sfp", batch_size=a.batch_size, epochs=a.epochs, seed=a.seed,
-                              engine_options={"on_epoch": on_epoch})
+                              on_state=lambda mdl, state, p: on_epoch(len(per_epoch), mdl, state))
     peak_after_stream = C.peak_rss_mb()
     log(f"{lik}: sfp: {res.message}")
     if len(per_epoch) < a.epochs:  # stopped early: judge the state it stopped at
@@ -213,15 +213,16 @@ def run_kin40k(a, log):
 
     per_epoch = []
 
-    def on_epoch(epoch, mdl, state):
+    def on_state(mdl, state, progress):  # at the start and after every epoch
+        if progress.iteration == 0:
+            return
         fr = gpvi.FitResult(model=mdl, state=state, vlb=float("nan"), iterations=0, converged=False, message="",
                             trace=np.zeros((0, 2)), engine="sfp", prior=mdl.prior_cache(None), input_dim=8)
-        per_epoch.append({"epoch": epoch + 1, **metrics(fr)})
+        per_epoch.append({"epoch": len(per_epoch) + 1, **metrics(fr)})
 
     B = 256 if a.quick else 1024
-    res = gpvi.fit(model, Xtr, ytr, engine="sfp",
-                   engine_options={"batch_size": B, "epochs": 2 if a.quick else 5, "on_epoch": on_epoch,
-                                   "seed": a.seed})
+    res = gpvi.fit(model, Xtr, ytr, engine="sfp", on_state=on_state,
+                   engine_options={"batch_size": B, "epochs": 2 if a.quick else 5, "seed": a.seed})
     out = {"N_train": len(ytr), "N_test": len(yte), "M": M, "B": B, "fpi": {**metrics(ref), "vlb": ref.vlb,
            "iterations": ref.iterations, "converged": ref.converged, "clipped": ref.clipped},
            "sfp_epochs": per_epoch, "sfp_vlb": res.vlb, "sfp_clipped": res.clipped, "sfp_backtracks": res.backtracks,

@@ -97,7 +97,7 @@ print(f"learned kernel {batch.model.kernel}, noise variance {float(batch.model.l
 #
 # Both read one minibatch of `B = 512` rows per iteration (80 iterations: about two passes over
 # the data) with the paper's step sizes. `subproblem_evals=0` keeps θ and `Z` at the start
-# (VSGPR-svi); `subproblem_evals=5` lets each step move them (iVSGPR5). The engine's `monitor`
+# (VSGPR-svi); `subproblem_evals=5` lets each step move them (iVSGPR5). The fit's `on_state`
 # hook sees the model and `q(u)` after every step; we compute the test nMSE after steps 1, 2,
 # 3 and every 5th step from a `FitResult` built for that state.
 
@@ -112,17 +112,18 @@ incremental, curves = {}, {}
 for name, evals in [("VSGPR-svi", 0), ("iVSGPR5", 5)]:
     curve = [(0, nmse(snapshot(start, gpvi.prior_state(M))))]
 
-    def monitor(step, model, state, curve=curve):
-        if step in (1, 2, 3) or step % 5 == 0:
+    def watch(model, state, progress, curve=curve):
+        step = progress.iteration
+        if step in (1, 2, 3) or step > 0 and step % 5 == 0:
             curve.append((step, nmse(snapshot(model, state))))
 
     t = time.perf_counter()
-    incremental[name] = gpvi.fit(start, X, y, engine="ivsgpr", max_iter=80,
-                                 engine_options={"batch_size": 512, "subproblem_evals": evals, "monitor": monitor})
+    incremental[name] = gpvi.fit(start, X, y, engine="ivsgpr", max_iter=80, on_state=watch,
+                                 engine_options={"batch_size": 512, "subproblem_evals": evals})
     curves[name] = np.array(curve)
     r = incremental[name]
     print(f"{name:9s}: test nMSE {nmse(r):.4f} after {r.iterations} steps ({time.perf_counter() - t:.1f} s with "
-          f"the monitor and any compilation); noise variance {float(r.model.likelihood.variance):.4f}, "
+          f"the hook and any compilation); noise variance {float(r.model.likelihood.variance):.4f}, "
           f"kernel variance {float(r.model.kernel.variance):.3f}")
 
 # %%

@@ -381,8 +381,8 @@ def test_max_fun_caps_the_bound_evaluations_of_every_step(rng, monkeypatch, engi
     monkeypatch.setattr(jj, "_neg_collapsed_and_grad", counting)
     marks = []
     r = gpvi.fit(model, X, y, engine=engine, learn_hyperparameters=["kernel.variance", "kernel.lengthscale"],
-                 max_rounds=4, engine_options={"n_upd": 1, "max_fun": 2,
-                                               "on_state": lambda m, s, t: marks.append(calls[0])})
+                 max_rounds=4, engine_options={"n_upd": 1, "max_fun": 2},
+                 on_state=lambda m, s, p: marks.append(calls[0]))
     per_step = np.diff([0] + marks)
     steps = per_step[per_step > 0]
     assert len(steps) == r.extras["lbfgsb_steps"] >= 2

@@ -28,7 +28,7 @@ import pytest
 
 import gpvi
 from gpvi import likelihoods as L
-from gpvi.engines import Engine, EngineResult, get, names, register, unregister
+from gpvi.engines import Engine, EngineResult, Progress, get, names, register, unregister
 from gpvi.objective import State
 from problems import jittered, regression_data
 
@@ -187,8 +187,30 @@ def check_engine(engine, directory=None):
     params = inspect.signature(engine.run).parameters
     for option in engine.options:
         assert params[option].kind is inspect.Parameter.KEYWORD_ONLY, option
-    assert not set(engine.options) & {"objective", "state", "tol", "tol_nats", "max_iter", "callback"}
+    assert not set(engine.options) & {"objective", "state", "tol", "tol_nats", "max_iter", "callback", "on_state"}
     assert engine.certifies == ("tol_nats" in params)
+
+    # (d) the state hook: the engine shows its iterates to on_state, each with the VLB its trace
+    # records (for a deterministic engine: the VLB of that state, recomputed here), and ends the
+    # run, unconverged and saying so, when the hook returns True
+    model = _model(kind, dict((type(lik).__name__, lik) for lik, _ in _likelihoods())[lik_name])
+    seen = []
+    watched = gpvi.fit(model, X, y, engine=engine.name, max_iter=MAX_ITER, tol=TOL,
+                       on_state=lambda m, s, p: seen.append((m, s, p)))
+    assert seen and [p.iteration for _, _, p in seen] == sorted(p.iteration for _, _, p in seen)
+    assert all(p.round is None for _, _, p in seen)
+    traced = set(watched.trace[:, 1].tolist())
+    assert all(p.vlb in traced for _, _, p in seen), "a state shown with a VLB the trace does not hold"
+    if engine.data != "minibatch":
+        for m, s, p in seen[:: max(1, len(seen) // 5)]:
+            vlb = float(gpvi.objective.Objective(m, X, m.likelihood.validate(y)).vlb(s))
+            np.testing.assert_allclose(p.vlb, vlb, rtol=1e-9, err_msg=f"iteration {p.iteration}")
+    stopped = gpvi.fit(model, X, y, engine=engine.name, max_iter=MAX_ITER, tol=TOL,
+                       on_state=lambda m, s, p: p.iteration >= 1)
+    assert not stopped.converged and gpvi.engines.STOPPED in stopped.message, stopped.message
+    assert 1 <= stopped.iterations <= max(1, watched.iterations)
+    with pytest.raises(ValueError, match="on_state"):
+        gpvi.fit(model, X, y, engine=engine.name, on_state="print")
 
     # (c) the result saves, loads and predicts as before, bit for bit
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
@@ -207,7 +229,7 @@ def test_engine(name, tmp_path):
 
 
 # ---- a toy engine, registered from outside gpvi ----------------------------------------------
-def toy_run(objective, state, *, tol=1e-6, tol_nats=None, max_iter=100, callback=None):
+def toy_run(objective, state, *, tol=1e-6, tol_nats=None, max_iter=100, callback=None, on_state=None):
     """Undamped fixed-point iterations ``V ← (I − S)⁻¹``, ``m ← m + V ∇_m VLB`` from the data sums
     (exact in one step for a Gaussian likelihood), stopping on the estimated gap
     ``½ gᵀH⁻¹g + ½ [tr(HV) − log det(HV) − d]`` (H = I − S), in NumPy."""
@@ -233,6 +255,9 @@ def toy_run(objective, state, *, tol=1e-6, tol_nats=None, max_iter=100, callback
         rows.append((time.perf_counter() - t0, float(sums.vlb)))
         if callback is not None:
             callback(it, rows[-1][1], rows[-1][0])
+        if on_state is not None and on_state(objective.model, state, Progress(it, *rows[-1][::-1])):
+            message = gpvi.engines.STOPPED
+            break
     return EngineResult(state, float(sums.vlb), it, converged, message, np.asarray(rows),
                         evaluations=objective.num_evaluations, gap=float(gap))
 
@@ -268,12 +293,12 @@ def test_toy_engine_passes_the_sweep(toy, tmp_path):
 def test_the_sweep_fails_wrong_engines(toy, tmp_path):
     """check_engine is falsifiable: an engine that claims convergence at its starting state, and
     one that reports a VLB 1e-3 nats above its state's, are both caught."""
-    def lazy(objective, state, *, tol=1e-6, max_iter=100, callback=None):
+    def lazy(objective, state, *, tol=1e-6, max_iter=100, callback=None, on_state=None):
         vlb = float(objective.vlb(state))
         return EngineResult(state, vlb, 0, True, "converged (not really)", np.array([[0.0, vlb]]))
 
-    def boastful(objective, state, *, tol=1e-6, max_iter=100, callback=None):
-        res = toy_run(objective, state, tol=tol, max_iter=max_iter, callback=callback)
+    def boastful(objective, state, *, tol=1e-6, max_iter=100, callback=None, on_state=None):
+        res = toy_run(objective, state, tol=tol, max_iter=max_iter, callback=callback, on_state=on_state)
         res.vlb += 1e-3
         return res
 
@@ -310,18 +335,22 @@ def test_command_line_engines_are_the_registry():
 
 
 def test_engine_records_are_checked(toy):
-    def no_tol(objective, state, *, max_iter=10, callback=None):
+    def no_tol(objective, state, *, max_iter=10, callback=None, on_state=None):
         return None
 
-    def no_max_iter(objective, state, *, tol=1e-6, callback=None):
+    def no_max_iter(objective, state, *, tol=1e-6, callback=None, on_state=None):
         return None
 
-    def no_callback(objective, state, *, tol=1e-6, max_iter=10):
+    def no_callback(objective, state, *, tol=1e-6, max_iter=10, on_state=None):
+        return None
+
+    def no_on_state(objective, state, *, tol=1e-6, max_iter=10, callback=None):
         return None
 
     with pytest.raises(ValueError, match="data must be one of"):
         Engine("bad", toy_run, "s", data="chunks")
-    for run, missing in [(no_tol, "tol"), (no_max_iter, "max_iter"), (no_callback, "callback")]:
+    for run, missing in [(no_tol, "tol"), (no_max_iter, "max_iter"), (no_callback, "callback"),
+                         (no_on_state, "on_state")]:
         with pytest.raises(ValueError, match=rf"run must take the keyword arguments \['{missing}'\]"):
             Engine("bad", run, "s")
     with pytest.raises(ValueError, match="learn= is given exactly when"):
@@ -375,13 +404,13 @@ def test_fit_stream_takes_exactly_the_streaming_engines():
 
 
 def test_default_max_iter_is_the_runs_default():
-    def capped(objective, state, *, tol=1e-6, max_iter=7, callback=None):
+    def capped(objective, state, *, tol=1e-6, max_iter=7, callback=None, on_state=None):
         return None
 
-    def uncapped(objective, state, *, tol=1e-6, max_iter=None, callback=None):
+    def uncapped(objective, state, *, tol=1e-6, max_iter=None, callback=None, on_state=None):
         return None
 
-    def required(objective, state, *, tol=1e-6, max_iter, callback=None):
+    def required(objective, state, *, tol=1e-6, max_iter, callback=None, on_state=None):
         return None
 
     assert [Engine("e", f, "s").default_max_iter for f in (capped, uncapped, required)] == [7, None, 500]

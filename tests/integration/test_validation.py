@@ -306,7 +306,7 @@ def test_glm_init_wrong_columns(d, X, y01):
 # ------------------------------------------------------------------------------------------
 # predict time
 # ------------------------------------------------------------------------------------------
-def _no_inference(obj, start, *, tol, max_iter, callback=None):
+def _no_inference(obj, start, *, tol, max_iter, callback=None, on_state=None):
     """Stand-in engine: predict-time validation needs a FitResult, not a good posterior, and
     skipping inference keeps these fixtures free of JIT compilation."""
     return EngineResult(state=start, vlb=0.0, iterations=0, converged=False, message="skipped",

@@ -284,7 +284,7 @@ def test_unflatten_params_accepts_overflowing_trial_points():
 # ------------------------------------------------------------------------------------------
 # fit arguments
 # ------------------------------------------------------------------------------------------
-def _no_engine(objective, state, *, tol, max_iter, callback=None, **kwargs):
+def _no_engine(objective, state, *, tol, max_iter, callback=None, on_state=None, **kwargs):
     raise AssertionError("the engine ran: fit's arguments should have been rejected first")
 
 

@@ -29,8 +29,8 @@ from typing import Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 
-__all__ = ["Batch", "Stream", "from_arrays", "from_npy", "from_parquet", "from_csv", "from_iterator",
-           "as_stream"]
+__all__ = ["Batch", "Stream", "StreamObjective", "from_arrays", "from_npy", "from_parquet", "from_csv",
+           "from_iterator", "as_stream"]
 
 DEFAULT_BUFFER_ROWS = 1 << 16
 DEFAULT_BLOCK_ROWS = 1 << 16
@@ -492,6 +492,17 @@ def as_stream(data, y=None, offset=None, **kw) -> Stream:
     if y is None:
         return from_iterator(data, **kw)
     return from_arrays(data, y, offset)
+
+
+class StreamObjective(NamedTuple):
+    """The VLB of ``model`` on data read as a :class:`Stream` of minibatches: what a minibatch
+    engine (``sfp``, ``svi``) takes as its ``objective`` when the data are not in memory
+    (:func:`gpvi.fit_stream`).  Unlike an in-memory :class:`gpvi.objective.Objective` it gives
+    no full-data VLB: the engine's trace then holds each epoch's mean minibatch estimate, and
+    its result's gap is NaN."""
+
+    model: object
+    stream: Stream
 
 
 class MappedStream(Stream):

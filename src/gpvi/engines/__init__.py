@@ -1,7 +1,8 @@
 """Inference engines, one :class:`Engine` record each in one registry (:mod:`gpvi.engines.registry`).
 
-Every engine maximises the same VLB: ``run(objective, state, *, tol, max_iter, callback, ...)`` →
-:class:`~gpvi.engines._common.EngineResult`.  ``ENGINES`` maps each name to its record (a record
+Every engine maximises the same VLB: ``run(objective, state, *, tol, max_iter, callback, on_state,
+...)`` → :class:`~gpvi.engines._common.EngineResult`; ``on_state(model, state, progress)``
+(:class:`Progress`) sees every iterate and stops the run by returning True.  ``ENGINES`` maps each name to its record (a record
 is callable like its ``run``); :func:`register` adds one.  The engines gpvi ships:
 
 =============  ==================================================================
@@ -21,7 +22,7 @@ is callable like its ``run``); :func:`register` adds one.  The engines gpvi ship
 =============  ==================================================================
 """
 from gpvi.engines import dual, fpb, fpi, gradient, ivsgpr, jj, laplace, sfp, svi
-from gpvi.engines._common import EngineResult
+from gpvi.engines._common import STOPPED, EngineResult, Progress
 from gpvi.engines.registry import REGISTRY, Engine, get, names, register, unregister
 
 for _module in (fpi, fpb, gradient, laplace, dual, sfp, svi, ivsgpr):
@@ -32,5 +33,5 @@ for _engine in jj.ENGINES:
 #: name → :class:`Engine` (the registry itself: engines registered later appear here too).
 ENGINES = REGISTRY
 
-__all__ = ["ENGINES", "Engine", "EngineResult", "register", "unregister", "get", "names",
+__all__ = ["ENGINES", "Engine", "EngineResult", "Progress", "STOPPED", "register", "unregister", "get", "names",
            "dual", "fpb", "fpi", "gradient", "ivsgpr", "jj", "laplace", "sfp", "svi"]

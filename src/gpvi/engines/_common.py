@@ -43,25 +43,83 @@ class EngineResult:
     gap: float = float("nan")
 
 
-class Clock:
-    """Records (seconds, VLB) per iteration and forwards it to an optional callback."""
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What an ``on_state(model, state, progress)`` hook is told with each state it sees.
 
-    def __init__(self, callback=None):
+    ``iteration``: the engine's iteration (or the hyperparameter search's round) that produced
+    the state; ``vlb``: the VLB there (nats, summed over the data; for a stochastic engine the
+    full-data VLB where the data are in memory, else the epoch's mean minibatch estimate);
+    ``seconds``: since the start of the engine run (of the fit, for search rounds);
+    ``round``: ``None`` inside an engine run, the search round's number (from 1) when the
+    hyperparameter search reports a round.
+    """
+
+    iteration: int
+    vlb: float
+    seconds: float
+    round: int | None = None
+
+
+#: The message of an engine run that an ``on_state`` hook stopped (it returned True).
+STOPPED = "stopped by on_state"
+
+
+def check_on_state(on_state):
+    """``on_state`` itself, after checking that it is None or callable."""
+    if on_state is not None and not callable(on_state):
+        raise ValueError(f"on_state must be callable as on_state(model, state, progress) or None, got {on_state!r}")
+    return on_state
+
+
+def call_on_state(on_state, model, state, progress: Progress) -> bool:
+    """Call ``on_state(model, state, progress)`` with the fit's watchdog paused; True when it
+    asks the fit to stop (returns True)."""
+    with paused():
+        return on_state(model, state, progress) is True
+
+
+class Clock:
+    """Records (seconds, VLB) per iteration, forwards it to an optional ``callback(iteration,
+    vlb, seconds)``, and shows each state to an optional ``on_state(model, state, progress)``
+    hook (:class:`Progress`; ``model`` is the objective's).  :attr:`stopped` turns True when
+    the hook returns True: the engine then ends its run with the message :data:`STOPPED`."""
+
+    def __init__(self, callback=None, on_state=None, model=None):
         self.t0 = time.perf_counter()
         self.rows: list[tuple[float, float]] = []
         self.callback = callback
+        self.on_state = check_on_state(on_state)
+        self.model = model
+        self.stopped = False
 
-    def tick(self, vlb, iteration):
+    def tick(self, vlb, iteration, state=None) -> bool:
+        """Record one iteration; ``state`` is shown to the hook.  Returns :attr:`stopped`."""
         vlb = float(vlb)  # block on JAX's async dispatch first, so the time is the VLB's time
         t = time.perf_counter() - self.t0
         self.rows.append((t, vlb))
         if self.callback is not None:
             with paused():
                 self.callback(iteration, float(vlb), t)
+        if self.on_state is not None and state is not None and not self.stopped:
+            self.stopped = call_on_state(self.on_state, self.model, state, Progress(int(iteration), vlb, t))
+        return self.stopped
+
+    @property
+    def watching(self) -> bool:
+        """Whether a hook wants the states (engines that must build a state to show it skip
+        that work otherwise)."""
+        return self.on_state is not None
 
     @property
     def trace(self):
         return np.asarray(self.rows, dtype=np.float64).reshape(-1, 2)
+
+
+def stopped_at_start(objective, state: State, vlb, clock: Clock, extras=None) -> EngineResult:
+    """The result of a run whose ``on_state`` hook stopped it at its starting ``state``."""
+    return EngineResult(state, float(vlb), 0, False, STOPPED, clock.trace, evaluations=objective.num_evaluations,
+                        extras=dict(extras or {}), gap=final_gap(objective, state))
 
 
 def converged_change(new, old, tol):

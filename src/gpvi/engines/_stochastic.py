@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpvi.objective import Chunks, Objective, State, vlb_in_hyperparameters
-from gpvi.data.stream import Stream, from_arrays
+from gpvi.data.stream import Stream, StreamObjective, from_arrays
 from gpvi._watchdog import paused
-from gpvi.engines._common import EngineResult
+from gpvi.engines._common import STOPPED, EngineResult, Progress, call_on_state, check_on_state
 
 DEFAULT_BATCH = 1024
 
@@ -79,17 +79,25 @@ def objective_stream(objective: Objective) -> Stream:
     return s
 
 
-def setup(objective, model, source, batch_size, engine, default_batch):
-    """``(model, stream, N, B)`` of a stochastic engine's run: the model checked for ``engine``,
-    the stream (``source``, or the objective's rows), its row count and the batch size
-    (``default_batch(N)`` when ``batch_size`` is None; ``ValueError`` outside 1..N)."""
-    model = check_model(objective.model if model is None else model, engine)
-    stream = objective_stream(objective) if source is None else source
+def setup(objective, batch_size, engine, default_batch):
+    """``(model, stream, data, N, B)`` of a stochastic engine's run: the objective's model checked
+    for ``engine``; the stream (a :class:`~gpvi.data.stream.StreamObjective`'s, or an
+    in-memory :class:`Objective`'s rows); the in-memory Objective (``data``, for the full-data
+    VLB of the trace and the final gap) or None for a stream; the stream's row count and the
+    batch size (``default_batch(N)`` when ``batch_size`` is None; ``ValueError`` outside 1..N)."""
+    if isinstance(objective, StreamObjective):
+        data, stream = None, objective.stream
+    elif isinstance(objective, Objective):
+        data, stream = objective, objective_stream(objective)
+    else:
+        raise ValueError(f"engine {engine!r} runs on a gpvi.objective.Objective (data in memory) or a "
+                         f"gpvi.data.stream.StreamObjective (a stream), got {type(objective).__name__}")
+    model = check_model(objective.model, engine)
     N = stream.count_rows()
     B = default_batch(N) if batch_size is None else check_positive_int("batch_size", batch_size)
     if B > N:
         raise ValueError(f"batch_size {B} is larger than the number of rows N = {N}")
-    return model, stream, N, B
+    return model, stream, data, N, B
 
 
 def to_chunk(batch, likelihood, validate: bool) -> Chunks:
@@ -188,7 +196,7 @@ def finish(objective, model, state, vlb_est, steps, epochs_done, B, clock, tol, 
 
 
 def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, objective, clock,
-          step, current, likelihood, tol, tol_nats, extras, message, on_batch=None, on_epoch=None):
+          step, current, likelihood, tol, tol_nats, extras, message, on_batch=None, on_state=None):
     """Run ``step`` over the minibatches of ``epochs`` passes over ``stream`` and return the
     :class:`EngineResult` (see :func:`finish`).
 
@@ -201,9 +209,11 @@ def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, ob
     minibatch estimate of each epoch.  Ctrl-C stops the run at the last completed step;
     a stream that fails raises :class:`StreamError` carrying the result at that step.
     ``on_batch(epoch, steps, rows_done, seconds)`` is called after every step (progress) and
-    ``on_epoch(epoch, model, state)`` after every complete epoch (checkpoints, test metrics; off
-    the clock).
+    ``on_state(model, state, progress)`` (:class:`~gpvi.engines._common.Progress`, ``iteration``
+    the steps taken) at every trace row, off the clock (checkpoints, test metrics); the run ends
+    there, with the message :data:`~gpvi.engines._common.STOPPED`, when it returns True.
     """
+    check_on_state(on_state)
     validate = not getattr(stream, "validated", False)
     N = stream.count_rows()
     B = int(batch_size)
@@ -221,7 +231,11 @@ def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, ob
     def record():
         model, state = current()
         v = clock.off_clock(full_vlb, objective, model, state)
-        clock.record(v if v is not None else (np.mean(ests) if ests else np.nan), steps)
+        v = float(v if v is not None else (np.mean(ests) if ests else np.nan))
+        clock.record(v, steps)
+        if on_state is not None and clock.off_clock(call_on_state, on_state, model, state,
+                                                    Progress(steps, v, clock.now())):
+            raise _Stop(f"{STOPPED} after {steps} step(s)")
 
     try:
         if objective is not None:
@@ -248,10 +262,8 @@ def drive(*, stream: Stream, batch_size, epochs, seed, max_steps, eval_every, ob
                     raise _Stop
             if eval_every is None:
                 record()
-            if on_epoch is not None:
-                clock.off_clock(on_epoch, epoch, *current())
-    except _Stop:
-        pass
+    except _Stop as why:
+        stop = why.args[0] if why.args else stop
     except KeyboardInterrupt:
         return done(f"interrupted in epoch {int(epochs_done)}; the state of the last completed step is kept", True)
     except ValueError as err:

@@ -64,7 +64,7 @@ from gpvi.likelihoods import Bernoulli, Gaussian, Poisson
 from gpvi.objective import Objective, State, marginals_stacked, stacked_state, assemble_gram, block_gram, block_sum_squares, block_vecmat, chunk_projection, zero_gram
 from gpvi.likelihoods.quadrature import gauss_hermite
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import Clock, EngineResult, final_gap, gap_threshold, state_from_precision_chol
+from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start, final_gap, gap_threshold, state_from_precision_chol
 
 __all__ = ["bernoulli_conjugate", "dual_objective", "initial_dual", "recover_primal", "run"]
 
@@ -501,7 +501,7 @@ def recover_primal(objective: Objective, x) -> State:
 # The engine
 # ---------------------------------------------------------------------------------------
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, history: int = 20, callback=None) -> EngineResult:
+        max_iter: int = 500, history: int = 20, callback=None, on_state=None) -> EngineResult:
     """Minimise the dual ``D`` with SciPy's L-BFGS-B, starting from the dual point of ``state``.
 
     Reports the primal VLB of the recovered ``(m, V)``; ``extras`` holds the final dual value
@@ -520,7 +520,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     lay = _Layout(objective, kind)
     model, prior, chunks, proj, cached, blocks = (objective.model, objective.prior, objective.chunks,
                                                   objective.proj, objective.cached, objective.blocks)
-    clock = Clock(callback)
+    clock = Clock(callback, on_state, objective.model)
     dim0 = jnp.zeros(objective.dim)
     last: dict = {}
 
@@ -556,7 +556,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     if np.isfinite(D_simple) and not D0 <= D_simple:
         x0, D0 = x_simple, D_simple
     st, vlb = primal_at(x0)
-    clock.tick(vlb, 0)
+    if clock.tick(vlb, 0, st):
+        return stopped_at_start(objective, st, vlb, clock)
     if not np.isfinite(D0):
         return EngineResult(state, float(objective.vlb(state)), 0, False,
                             "dual objective is not finite at the starting point", clock.trace,
@@ -570,8 +571,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         st, v = primal_at(x)
         D = float(intermediate_result.fun)
         cur.update(x=np.array(x, copy=True), state=st, vlb=v, D=D)
-        clock.tick(v, counter["it"])
-        if gap_ok(D, v):
+        stop = clock.tick(v, counter["it"], st)
+        if gap_ok(D, v) or stop:
             raise StopIteration  # the gap certifies the optimum: VLB* − VLB ≤ D − VLB
 
     # Where strong duality holds the gap is the stopping rule and L-BFGS-B's own test is only a
@@ -598,7 +599,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             x = cur["x"]
             stopped_on_gap = gap_ok(cur["D"], cur["vlb"])
             progressed = (D_start - cur["D"]) > ftol * max(1.0, abs(cur["D"])) and res.nit > 1
-            if stopped_on_gap or not progressed or counter["it"] >= max_iter or not _ok(res):
+            if stopped_on_gap or clock.stopped or not progressed or counter["it"] >= max_iter or not _ok(res):
                 break
 
     final, vlb, D = cur["state"], cur["vlb"], cur["D"]
@@ -611,7 +612,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         # Not certified by the dual: report the primal estimate of the distance to the optimum.
         converged, certificate = False, final_gap(objective, final)
         failed = res is not None and not _ok(res)
-        parts = []
+        parts = [STOPPED] if clock.stopped else []
         if failed:
             parts.append(f"L-BFGS-B failed on the dual ({res.message})")
         if counter["it"] >= max_iter:

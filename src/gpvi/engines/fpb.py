@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import (NOT_FINITE_START, Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap,
-                                 finite_start, gap_threshold, stalled_message)
+from gpvi.engines._common import (NOT_FINITE_START, STOPPED, Clock, EngineResult, SafeguardedAscent, converged_change, estimated_gap,
+                                 finite_start, gap_threshold, stalled_message, stopped_at_start)
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, max_newton: int = 50, clip_gamma: str = "auto", callback=None) -> EngineResult:
+        max_iter: int = 500, max_newton: int = 50, clip_gamma: str = "auto", callback=None,
+        on_state=None) -> EngineResult:
     """Run FPb from ``state``; one iteration = a Newton loop on m plus one FP step on V.
 
     Stops when the estimated gap to the optimum (nats) is at most ``tol_nats``, by default
@@ -22,9 +23,10 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     by at most ``tol·max(1, |VLB|)`` (it only has to make the next FP step worthwhile).
     ``clip_gamma`` as in :func:`gpvi.engines.fpi.run`.
     """
-    clock = Clock(callback)
+    clock = Clock(callback, on_state, objective.model)
     sums = objective.sums(state)
-    clock.tick(sums.vlb, 0)
+    if clock.tick(sums.vlb, 0, state):
+        return stopped_at_start(objective, state, sums.vlb, clock)
     state, sums, scale = finite_start(objective, state, sums)
     if scale is None:
         return EngineResult(state, float(sums.vlb), 0, False, NOT_FINITE_START,
@@ -57,7 +59,10 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             clock.tick(sums.vlb, it)
             break
         state, sums, alpha = out
-        clock.tick(sums.vlb, it)
+        if clock.tick(sums.vlb, it, state):
+            gap = float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
+            message = STOPPED
+            break
     else:
         gap = float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
     return EngineResult(state, float(sums.vlb), it, converged, message, clock.trace,

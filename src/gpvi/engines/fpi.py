@@ -41,12 +41,12 @@ import numpy as np
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
 from gpvi.engines import gradient as _gradient
-from gpvi.engines._common import (NOT_FINITE_START, Clock, EngineResult, SafeguardedAscent, finite_start, gap_threshold,
+from gpvi.engines._common import (NOT_FINITE_START, STOPPED, Clock, EngineResult, SafeguardedAscent, finite_start, gap_threshold, stopped_at_start,
                                  objective_gap, stalled_message)
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, clip_gamma: str = "auto", callback=None) -> EngineResult:
+        max_iter: int = 500, clip_gamma: str = "auto", callback=None, on_state=None) -> EngineResult:
     """Run FPi from ``state`` until the estimated gap to the optimum
     (:func:`~gpvi.engines._common.estimated_gap`, nats) is at most ``tol_nats``, by default
     ``0.1·tol·max(1, |VLB|)`` (see :func:`~gpvi.engines._common.gap_threshold`).
@@ -58,9 +58,10 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     positive definite; ``"always"`` clips in every step (the heuristic of Sheth & Khardon 2016
     for Student-t).
     """
-    clock = Clock(callback)
+    clock = Clock(callback, on_state, objective.model)
     sums = objective.sums(state)
-    clock.tick(sums.vlb, 0)
+    if clock.tick(sums.vlb, 0, state):
+        return stopped_at_start(objective, state, sums.vlb, clock)
     guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     cov_guard = SafeguardedAscent(objective, clip_gamma=clip_gamma)
     cov_guard.hold_after_damping = True
@@ -107,7 +108,9 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             damped_run = 0
             window.clear()
         state, sums, _ = out
-        clock.tick(sums.vlb, it)
+        if clock.tick(sums.vlb, it, state):
+            message, gap = STOPPED, objective_gap(objective, state, sums)
+            break
         if damped_run >= STALL_WINDOW:
             gain = float(sums.vlb) - window[0]
             gap = objective_gap(objective, state, sums)
@@ -120,11 +123,14 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             # the map does not contract here: L-BFGS on (m, chol V) still ascends
             res = _gradient.run(objective, state, tol=tol, tol_nats=tol_nats,
                                 max_iter=min(RESCUE_ITER, max_iter - it),
-                                callback=lambda i, v, t, at=it: clock.tick(v, at + i) if i > 0 else None)
+                                on_state=lambda m, st, p, at=it: p.iteration > 0 and clock.tick(p.vlb, at + p.iteration, st))
             rescues.append((it, res.iterations, res.vlb - float(sums.vlb)))
             it += res.iterations
             state, gap = res.state, res.gap
             sums = objective.sums(state)
+            if clock.stopped:
+                message = STOPPED
+                break
             if res.converged:
                 converged, message = True, f"{res.message} (by L-BFGS after fpi's steps were damped at iteration {rescues[-1][0]})"
                 break

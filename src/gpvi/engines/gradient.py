@@ -20,7 +20,7 @@ import scipy.optimize
 
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import NOT_FINITE_START, Clock, EngineResult, estimated_gap, final_gap, finite_start, gap_threshold
+from gpvi.engines._common import NOT_FINITE_START, STOPPED, Clock, stopped_at_start, EngineResult, estimated_gap, final_gap, finite_start, gap_threshold
 
 
 # A state of Q latent blocks (mean (Q, d), gpvi.models.multilatent) is packed block after block; the
@@ -69,11 +69,11 @@ def _grad_vector_one(state, grad_m, S):
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, history: int = 20, callback=None) -> EngineResult:
+        max_iter: int = 500, history: int = 20, callback=None, on_state=None) -> EngineResult:
     """Maximise the VLB with SciPy's L-BFGS-B from ``state`` until the estimated gap is at most
     ``tol_nats`` (default ``0.1·tol·max(1, |VLB|)``)."""
     d = tuple(state.mean.shape)
-    clock = Clock(callback)
+    clock = Clock(callback, on_state, objective.model)
     memo: dict = {}
 
     def fun(x):
@@ -94,7 +94,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
 
     x0 = np.asarray(_pack(state))
     f0, _ = fun(x0)
-    clock.tick(-f0, 0)
+    if clock.tick(-f0, 0, state):
+        return stopped_at_start(objective, state, -f0, clock)
     extras = {}
     if not np.isfinite(f0):
         state, _sums, scale = finite_start(objective, state, objective.sums(state))
@@ -114,9 +115,11 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     def cb(intermediate_result):
         cur["it"] += 1
         x, f = intermediate_result.x, float(intermediate_result.fun)
-        clock.tick(-f, cur["it"])
+        stop = clock.tick(-f, cur["it"], _unpack(d, jnp.asarray(x)) if clock.watching else None)
         change = cur["f"] - f
         cur.update(x=np.array(x, copy=True), f=f, gap=np.inf)
+        if stop:
+            raise StopIteration
         # The gap costs a d×d factorisation; skip it while the VLB still moves by much more than
         # the threshold (then the gap, at least the next gain, is rarely below it).
         if change <= 1e3 * gap_threshold(-f, tol, tol_nats) or cur["it"] % 10 == 0:
@@ -139,7 +142,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
                              gtol=1e-12, maxcor=history),
             )
             x = cur["x"]
-            if cur["gap"] <= cur["thr"] or certified(x, cur["f"]):
+            if clock.stopped or cur["gap"] <= cur["thr"] or certified(x, cur["f"]):
                 break
             progressed = (f_start - cur["f"]) > ftol * max(1.0, abs(cur["f"])) and res.nit > 1
             if not progressed or cur["it"] >= max_iter:
@@ -148,6 +151,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         ok = cur["gap"] <= cur["thr"]
         if ok:
             msg = f"estimated gap {cur['gap']:.3g} nats ≤ {cur['thr']:.3g}"
+        elif clock.stopped:
+            msg = STOPPED
         elif cur["it"] >= max_iter:
             msg = f"reached max_iter={max_iter}; estimated gap {cur['gap']:.3g} nats{_TRY_FPI}"
         else:

@@ -56,9 +56,8 @@ from gpvi.kernels import RBF, MultiscaleRBF
 from gpvi.likelihoods import Gaussian
 from gpvi.models.base import SparseGP, cholesky, kl_standard_normal
 from gpvi.objective import Objective, State
-from gpvi._watchdog import paused
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import Clock, EngineResult
+from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start
 from gpvi.engines._stochastic import paper_step_size
 
 __all__ = ["run", "minibatches", "step_size_at", "prepare_model"]
@@ -243,7 +242,7 @@ def _check_options(batch_size, subproblem_evals, step_size_, N, seed):
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
         max_iter: int = 500, callback=None, batch_size: int | None = None, subproblem_evals="ada",
         ada_max_evals: int = ADA_MAX_EVALS, step_size="paper", learn="all", seed: int = 0,
-        monitor=None, hyperparameters=None) -> EngineResult:
+        on_state=None, hyperparameters=None) -> EngineResult:
     """Run ``max_iter`` iVSGPR steps (one minibatch each) from ``state``.
 
     Parameters
@@ -262,7 +261,9 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     learn : ``"all"`` (every learnable parameter of the model, inducing inputs and inducing
         lengthscales included) or a list of dotted parameter names optimised in the subproblem.
     seed : of the minibatch permutations.
-    monitor : optional ``monitor(t, model, state)`` called after every step (e.g. test error).
+    on_state : ``on_state(model, state, progress)`` after every step, with the model learned so
+        far (e.g. for a test error; :class:`~gpvi.engines._common.Progress`); returning True
+        ends the run there.
     hyperparameters : the names :func:`gpvi.fit` passes for ``learn_hyperparameters`` (with
         ``learn_inducing``); when given they replace ``learn``.
 
@@ -278,8 +279,6 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     if isinstance(ada_max_evals, (bool, np.bool_)) or not isinstance(ada_max_evals, (int, np.integer)) \
             or ada_max_evals < 1:
         raise ValueError(f"ada_max_evals must be an int ≥ 1, got {ada_max_evals!r}")
-    if monitor is not None and not callable(monitor):
-        raise ValueError(f"monitor must be callable as monitor(t, model, state) or None, got {monitor!r}")
     known = [n for n, t in model.transforms().items() if t != "fixed"]
     if hyperparameters is not None:
         learn = list(hyperparameters)
@@ -299,9 +298,11 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     off = np.asarray(objective.chunks.offset).reshape(-1)[:N]
     stream = minibatches(X, y, off, int(batch_size), int(seed))
 
-    clock = Clock(callback)
-    clock.tick(objective.vlb(state), 0)
+    clock = Clock(callback, on_state, model)
+    if clock.tick(objective.vlb(state), 0, state):
+        return stopped_at_start(objective, state, clock.rows[0][1], clock, {"model": model, "subproblem_evaluations": []})
     evals_per_step = []
+    steps = 0
     do_sub = bool(names) and (subproblem_evals == "ada" or subproblem_evals > 0)
     for t in range(1, int(max_iter) + 1):
         gamma = step_size_at(step_size, t)
@@ -317,16 +318,16 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         state, vlb_b = _update(model, prev, batch, scale, gamma)
         if not (np.all(np.isfinite(np.asarray(state.chol))) and np.isfinite(float(vlb_b))):
             raise FloatingPointError(f"ivsgpr: the posterior became non-finite at step {t} (γ = {gamma:.3g})")
-        clock.tick(vlb_b, t)
-        if monitor is not None:
-            with paused():
-                monitor(t, model, state)
+        clock.model, steps = model, t
+        if clock.tick(vlb_b, t, state):
+            break
     final = Objective(model, X, y, off, chunk_size=n)
     vlb = float(final.vlb(state))
-    message = (f"ran max_iter={int(max_iter)} minibatch steps of {int(batch_size)} rows (stochastic mirror "
+    message = (f"{STOPPED} after {steps} minibatch steps of {int(batch_size)} rows" if clock.stopped else
+               f"ran max_iter={int(max_iter)} minibatch steps of {int(batch_size)} rows (stochastic mirror "
                "ascent has no convergence certificate)")
     extras = {"model": model, "subproblem_evaluations": evals_per_step}
-    return EngineResult(state, vlb, int(max_iter), False, message, clock.trace,
+    return EngineResult(state, vlb, steps, False, message, clock.trace,
                         evaluations=objective.num_evaluations + final.num_evaluations, extras=extras)
 
 

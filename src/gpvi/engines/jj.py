@@ -60,11 +60,12 @@ from jax.scipy.linalg import solve_triangular
 
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.likelihoods import Bernoulli
-from gpvi._watchdog import paused
 from gpvi.objective import Objective, State, chunk_setup, stacked_state, marginals_stacked, chunk_projection, vlb_in_hyperparameters
 from gpvi.likelihoods.surrogates import COEFFICIENTS, SURROGATES, optimal_xi
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import EngineResult, flip, reversed_chol, final_gap, gap_threshold, target_and_step, tri_inv
+from gpvi.engines._common import (STOPPED, EngineResult, Progress, call_on_state, check_on_state, estimated_gap,
+                                 final_gap, flip, gap_threshold, reversed_chol, target_and_step, tri_inv)
+from gpvi._watchdog import paused
 
 __all__ = ["run_jj", "run_taylor", "run_hybrid", "run_full", "learn", "collapsed_bound",
            "surrogate_objective", "SUPPORTED"]
@@ -198,7 +199,8 @@ class _Clock:
         self.off = 0.0
         self.rows: list[tuple[float, float]] = []
         self.surrogate: list[float] = []
-        self.callback, self.on_state = callback, on_state
+        self.callback, self.on_state = callback, check_on_state(on_state)
+        self.stopped = False  # the hook returned True
 
     def now(self):
         return time.perf_counter() - self.t0 - self.off
@@ -208,9 +210,8 @@ class _Clock:
         t = self.now()
         s = time.perf_counter()
         v = float(true_vlb_fn())
-        if self.on_state is not None:
-            with paused():
-                self.on_state(model, state, t)
+        if self.on_state is not None and not self.stopped:
+            self.stopped = call_on_state(self.on_state, model, state, Progress(int(iteration), v, t))
         self.off += time.perf_counter() - s
         self.rows.append((t, v))
         self.surrogate.append(float(surrogate))
@@ -236,7 +237,9 @@ def _analytic(objective, state, kind, engine, *, tol, tol_nats, max_iter, callba
     sums = sur.sums(state)
     clock.tick(0, lambda: objective.vlb(state), objective.model, state, sums.vlb)
     converged, message, it, gap = False, f"reached max_iter={max_iter}", 0, float("inf")
-    for it in range(1, max_iter + 1):
+    if clock.stopped:
+        message = STOPPED
+    for it in range(1, 0 if clock.stopped else max_iter + 1):
         thr = gap_threshold(sums.vlb, tol, tol_nats)
         _, prop, gap = target_and_step(state, sums.grad, sums.S, 1.0)
         gap = float(gap)
@@ -249,6 +252,9 @@ def _analytic(objective, state, kind, engine, *, tol, tol_nats, max_iter, callba
             break
         state, sums = prop, new
         clock.tick(it, lambda: objective.vlb(state), objective.model, state, sums.vlb)
+        if clock.stopped:
+            message, gap = STOPPED, float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
+            break
     true = float(objective.vlb(state))
     extras = {"surrogate": kind, "surrogate_bound": float(sums.vlb), "surrogate_gap": gap,
               "surrogate_trace": np.asarray(clock.surrogate)}
@@ -262,8 +268,9 @@ def run_jj(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: f
     """vi-JJ with fixed hyperparameters: Jaakkola–Jordan analytic rounds (ξ² = m² + v, then the
     exact maximiser of the bound over q) until the estimated gap of the next round's q-update
     is at most ``tol_nats`` (default ``0.1·tol·max(1, |bound|)``).  ``n_upd``/``max_fun`` are
-    used when hyperparameters are learned (:func:`learn`); ``on_state(model, state, seconds)``
-    is called off the clock at every traced iterate."""
+    used when hyperparameters are learned (:func:`learn`); ``on_state(model, state, progress)``
+    (:class:`~gpvi.engines._common.Progress`) is called off the clock at every traced iterate and
+    ends the run when it returns True."""
     _check_count("n_upd", n_upd), _check_count("max_fun", max_fun)
     return _analytic(objective, state, "jj", "jj", tol=tol, tol_nats=tol_nats, max_iter=max_iter,
                      callback=callback, on_state=on_state)
@@ -434,6 +441,8 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
                 mdl = fn.model_at(fn.best[1])
                 st = state_from_collapsed(*fn.best[2])
                 tick(it[0], mdl, st, -fn.best[0])
+                if clock.stopped:
+                    raise StopIteration
 
         out = scipy.optimize.minimize(fn, x, jac=True, method="L-BFGS-B", callback=record,
                                       options=dict(maxiter=int(max_iter), maxfun=10 * int(max_iter),
@@ -443,12 +452,14 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
             raise ValueError(f"the collapsed JJ bound is not finite at the starting hyperparameters {names}")
         model, state = fn.model_at(fn.best[1]), state_from_collapsed(*fn.best[2])
         obj = with_model(objective, model) if names else objective
-        converged = bool(out.success)
-        message = f"L-BFGS-B on θ and ξ: {out.message}"
+        converged = bool(out.success) and not clock.stopped
+        message = STOPPED if clock.stopped else f"L-BFGS-B on θ and ξ: {out.message}"
         if it[0] == 0:  # no iteration completed: trace the best point evaluated
             tick(1, model, state, -fn.best[0])
     else:
-        for outer in range(1, max_rounds + 1):
+        if clock.stopped:
+            message = STOPPED
+        for outer in range(1, 0 if clock.stopped else max_rounds + 1):
             # stage 1: n_upd analytic rounds of ξ, μ, Σ
             for _ in range(n_upd):
                 sums = sur.sums(state)
@@ -458,6 +469,11 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
                 state = prop
                 rounds += 1
                 tick(rounds + steps, model, state, float(sums.vlb))
+                if clock.stopped:
+                    break
+            if clock.stopped:
+                message = STOPPED
+                break
             # stage 2: L-BFGS-B on θ (and ξ for the hybrid) with ξ from the current marginals
             xi = analytic_xi(obj, state, kind)
             fn.xi_fixed = xi
@@ -482,6 +498,9 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
                 sur = surrogate_objective(obj, kind)
             state = state_from_collapsed(*fn.best[2])
             tick(rounds + steps, model, state, value)
+            if clock.stopped:
+                message = STOPPED
+                break
             if last is not None and abs(value - last) <= stop_at(value):
                 converged = True
                 message = f"the collapsed bound changed by {abs(value - last):.3g} nats in outer iteration {outer}"

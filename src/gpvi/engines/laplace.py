@@ -59,7 +59,7 @@ from gpvi.likelihoods import Laplace
 from gpvi.models.base import check_X
 from gpvi.objective import DEFAULT_CHUNK, Chunks, Objective, State, assemble_gram, block_gram, block_vecmat, chunk_projection, make_chunks, num_blocks, zero_gram
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import Clock, EngineResult, is_finite, converged_change, state_from_precision_chol
+from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start, is_finite, converged_change, state_from_precision_chol
 
 __all__ = ["check_learned_hyperparameters", "find_mode", "laplace_log_marginal", "laplace_log_marginal_at", "run"]
 
@@ -215,7 +215,7 @@ def _check_likelihood(lik):
 
 # ---- the engine ---------------------------------------------------------------------------
 def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int = 100,
-        callback=None) -> EngineResult:
+        callback=None, on_state=None) -> EngineResult:
     """Laplace approximation by Newton's method from ``state.mean`` (its ``chol`` is unused
     except for the first trace row).
 
@@ -236,8 +236,9 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
     model, prior, chunks, proj, cached, blocks = (objective.model, objective.prior, objective.chunks,
                                                   objective.proj, objective.cached, objective.blocks)
     _check_likelihood(model.likelihood)
-    clock = Clock(callback)
-    clock.tick(objective.vlb(state), 0)
+    clock = Clock(callback, on_state, model)
+    if clock.tick(objective.vlb(state), 0, state):
+        return stopped_at_start(objective, state, clock.rows[0][1], clock)
     w = jnp.asarray(state.mean)
 
     def derivative_sums(w_, clip=True):
@@ -296,14 +297,17 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         clipped += int(int(sums[3]) > 0)
         st, R, kind = laplace_state(w, sums)
         current = (st, R, kind, float(objective.vlb(st)))
-        clock.tick(current[3], it)
+        stop = clock.tick(current[3], it, st)
         if done:
             converged, message = True, f"Ψ change below tol={tol:g}"
+            break
+        if stop:
+            message = STOPPED
             break
     if current is None:  # no step was taken: the approximation at the starting mean
         st, R, kind = laplace_state(w, sums)
         current = (st, R, kind, float(objective.vlb(st)))
-        clock.tick(current[3], 0)
+        clock.tick(current[3], 0, st)
     state, R, hessian, vlb = current
     log_marginal = psi - float(jnp.sum(jnp.log(jnp.diag(R))))
     return EngineResult(state, vlb, it, converged, message, clock.trace, backtracks, 0,

@@ -15,10 +15,14 @@ use it.
 
 The engine contract
 -------------------
-``run(objective, state, *, tol, tol_nats=None, max_iter, callback, **options)`` →
+``run(objective, state, *, tol, tol_nats=None, max_iter, callback, on_state, **options)`` →
 :class:`~gpvi.engines._common.EngineResult`, maximising the VLB of ``objective``
-(:class:`~gpvi.objective.Objective`) from ``state``; ``callback(iteration, vlb, seconds)`` after
-each iteration.  ``tol_nats`` is optional (engines without a certificate leave it out);
+(:class:`~gpvi.objective.Objective`, or a :class:`~gpvi.objective.StreamObjective` for an engine
+whose ``data`` is ``"minibatch"`` run by :func:`gpvi.fit_stream`) from ``state``;
+``callback(iteration, vlb, seconds)`` after each iteration, and ``on_state(model, state,
+progress)`` (:class:`~gpvi.engines._common.Progress`) with each iterate the engine traces: the
+run ends with the message :data:`~gpvi.engines._common.STOPPED` when the hook returns True
+(:class:`~gpvi.engines._common.Clock` does both).  ``tol_nats`` is optional (engines without a certificate leave it out);
 ``options`` are the engine's own keyword arguments, passed by ``gpvi.fit(engine_options=...)``
 and listed by :attr:`Engine.options`.
 """
@@ -40,7 +44,7 @@ DATA_KINDS = ("sums", "rows", "minibatch")
 #: engine's own driver :attr:`Engine.learn`.
 HYPERPARAMETER_KINDS = ("profile", "joint", "own")
 #: Keyword arguments every ``run`` takes; the rest of its keywords are its options.
-COMMON_ARGUMENTS = ("objective", "state", "tol", "tol_nats", "max_iter", "callback", "hyperparameters")
+COMMON_ARGUMENTS = ("objective", "state", "tol", "tol_nats", "max_iter", "callback", "on_state", "hyperparameters")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +61,7 @@ class Engine:
     hyperparameters : one of :data:`HYPERPARAMETER_KINDS`.
     learn : the engine's own hyperparameter driver (``hyperparameters="own"`` only):
         ``learn(objective, state, names, *, tol, tol_nats, max_iter, max_rounds, callback,
-        **options) -> (EngineResult, model, objective)``.
+        on_state, **options) -> (EngineResult, model, objective)``.
     streams : whether :func:`gpvi.fit_stream` can drive it over a stream of minibatches.
     evidence : what the profile hyperparameter search maximises with this engine: ``"vlb"``
         (the variational bound; Gaussian likelihoods use the collapsed bound, the same optimum)
@@ -89,7 +93,7 @@ class Engine:
         if self.evidence not in ("vlb", "laplace"):
             raise ValueError(f"Engine {self.name!r}: evidence must be 'vlb' or 'laplace', got {self.evidence!r}")
         params = inspect.signature(self.run).parameters
-        missing = [p for p in ("tol", "max_iter", "callback") if p not in params]
+        missing = [p for p in ("tol", "max_iter", "callback", "on_state") if p not in params]
         if missing:
             raise ValueError(f"Engine {self.name!r}: run must take the keyword arguments {missing} "
                              "(see gpvi.engines.registry)")

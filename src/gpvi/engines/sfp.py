@@ -41,6 +41,7 @@ import optax
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.objective import DEFAULT_CHUNK, Objective, State, minibatch_projection, minibatch_sums, minibatch_vlb, num_blocks
 from gpvi.engines.registry import Engine
+from gpvi.data.stream import StreamObjective
 from gpvi.engines._common import natural_step, precision_chol, tri_inv
 from gpvi.engines._stochastic import (DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive,
                                       paper_step_size, setup, step_limit)
@@ -175,18 +176,19 @@ def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pca
 MAX_HALVINGS = 20
 
 
-def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
+def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
         max_iter: int | None = None, callback=None, batch_size: int | None = None, schedule="paper", epochs: int | None = None,
         seed: int = 0, eval_every: int | None = None, max_steps: int | None = None,
         hyper_rate: float = 0.01, hyper_decay: bool = False, safeguard: bool = True, hyperparameters=None,
-        model=None, source=None,
-        on_batch=None, on_epoch=None):
+        on_batch=None, on_state=None):
     """Run SFP from ``state``; returns an :class:`~gpvi.engines._common.EngineResult`.
 
     Parameters
     ----------
-    objective : the full data (streamed in shuffled minibatches; it also gives the full-data VLB
-        of the trace and the final gap, off the clock); None with ``source`` and ``model``.
+    objective : the data in memory (an :class:`~gpvi.objective.Objective`: streamed in shuffled
+        minibatches; it also gives the full-data VLB of the trace and the final gap, off the
+        clock) or a :class:`~gpvi.data.stream.StreamObjective` (a model and a stream of
+        minibatches, :func:`gpvi.fit_stream`).
     batch_size : rows per minibatch B (default min(N, 1024)).
     schedule : ``"paper"`` (default), ``"adaptive"``, a constant in (0, 1] or ``t -> γ_t``.
     epochs : passes over the data; default 2, or as many as make 50 minibatch steps when the
@@ -206,10 +208,10 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         after 63 steps.
     hyperparameters : dotted names learned by Adam on the minibatch bound (the learned model is
         returned in ``extras["model"]``).
-    source, model : a :class:`gpvi.stream.Stream` and the model, to stream without an
-        in-memory objective (:func:`gpvi.fit_stream`).
-    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress);
-        on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
+    on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress).
+    on_state : ``on_state(model, state, progress)`` at every trace row (each epoch, or every
+        ``eval_every`` steps; off the clock), e.g. for checkpoints or test metrics; returning True
+        ends the run there.
     """
     sched = _check_schedule(schedule)
     epochs = check_positive_int("epochs", epochs, allow_none=True)
@@ -222,7 +224,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
         raise ValueError(f"hyper_decay must be True or False, got {hyper_decay!r}")
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    model, stream, N, B = setup(objective, model, source, batch_size, "sfp", lambda N: min(N, DEFAULT_BATCH))
+    model, stream, data, N, B = setup(objective, batch_size, "sfp", lambda N: min(N, DEFAULT_BATCH))
     if epochs is None:
         epochs = max(2, -(-50 * B // N))
     names = list(hyperparameters or ())
@@ -296,10 +298,10 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
 
     clock = EpochClock(callback)
     res = drive(stream=stream, batch_size=B, epochs=epochs, seed=seed, max_steps=step_limit(max_steps, max_iter),
-                eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
+                eval_every=eval_every, objective=data, clock=clock, step=step, current=current,
                 likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
                 extras={"schedule": schedule if isinstance(schedule, (str, numbers.Real)) else "callable"},
-                message="sfp", on_batch=on_batch, on_epoch=on_epoch)
+                message="sfp", on_batch=on_batch, on_state=on_state)
     res.clipped = box["clipped"]
     res.backtracks = box["backtracks"]
     res.extras["last_gamma"] = box["gammas"][-1] if box["gammas"] else float("nan")

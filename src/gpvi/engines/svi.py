@@ -23,6 +23,7 @@ import optax
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.objective import Objective, State, minibatch_vlb, num_blocks
 from gpvi.engines.registry import Engine
+from gpvi.data.stream import StreamObjective
 from gpvi.engines._stochastic import EpochClock, check_positive_float, check_positive_int, drive, setup, step_limit
 
 OPTIMIZERS = ("adadelta", "adam")
@@ -62,17 +63,18 @@ def _step(params, opt_state, model, names, batch, scale, prior, opt, blocks):
     return new, opt_state, -val, ok
 
 
-def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
+def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
         max_iter: int | None = None, callback=None, batch_size: int | None = None, learning_rate: float | None = None,
         epochs: int | None = None, seed: int = 0, optimizer: str = "adadelta", eval_every: int | None = None,
-        max_steps: int | None = None, hyperparameters=None, model=None, source=None, on_batch=None,
-        on_epoch=None):
+        max_steps: int | None = None, hyperparameters=None, on_batch=None, on_state=None):
     """Run SVI from ``state``; returns an :class:`~gpvi.engines._common.EngineResult`.
 
     Parameters
     ----------
-    objective : the full data (its rows are streamed in random minibatches, and it gives the
-        full-data VLB of the trace and the final gap); None with ``source`` and ``model``.
+    objective : the data in memory (an :class:`~gpvi.objective.Objective`: its rows are streamed
+        in random minibatches, and it gives the full-data VLB of the trace and the final gap) or a
+        :class:`~gpvi.data.stream.StreamObjective` (a model and a stream of minibatches,
+        :func:`gpvi.fit_stream`).
     batch_size : rows per minibatch B (default min(N, max(64, N // 100)), about the sizes of
         Izmailov & Kropotov's baseline).
     learning_rate : optimiser step (default 1.0 for AdaDelta, 0.01 for Adam).
@@ -88,10 +90,10 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     hyperparameters : dotted names of model parameters learned jointly (unconstrained), e.g.
         from ``fit(..., learn_hyperparameters=True)``; the learned model is returned in
         ``extras["model"]``.
-    source, model : a :class:`gpvi.stream.Stream` and the model, for streaming without an
-        in-memory objective (:func:`gpvi.fit_stream`).
     on_batch : ``on_batch(epoch, steps, rows_done, seconds)`` after every step (progress).
-    on_epoch : ``on_epoch(epoch, model, state)`` after every complete epoch (off the clock).
+    on_state : ``on_state(model, state, progress)`` at every trace row (each epoch, or every
+        ``eval_every`` steps; off the clock), e.g. for checkpoints or test metrics; returning True
+        ends the run there.
 
     Notes
     -----
@@ -105,7 +107,7 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
     rate = DEFAULT_RATES[optimizer] if learning_rate is None else check_positive_float("learning_rate", learning_rate)
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
-    model, stream, N, B = setup(objective, model, source, batch_size, "svi", lambda N: min(N, max(64, N // 100)))
+    model, stream, data, N, B = setup(objective, batch_size, "svi", lambda N: min(N, max(64, N // 100)))
     if epochs is None:
         epochs = max(10, -(-1000 * B // N))
     names = tuple(hyperparameters or ())
@@ -131,10 +133,10 @@ def run(objective: Objective | None, state: State, *, tol: float = 1e-6, tol_nat
 
     clock = EpochClock(callback)
     res = drive(stream=stream, batch_size=B, epochs=epochs, seed=seed, max_steps=step_limit(max_steps, max_iter),
-                eval_every=eval_every, objective=objective, clock=clock, step=step, current=current,
+                eval_every=eval_every, objective=data, clock=clock, step=step, current=current,
                 likelihood=model.likelihood, tol=tol, tol_nats=tol_nats,
                 extras={"optimizer": optimizer, "learning_rate": rate}, message="svi", on_batch=on_batch,
-                on_epoch=on_epoch)
+                on_state=on_state)
     if names:
         res.extras["model"] = current()[0]
     return res

@@ -39,6 +39,7 @@ from jax.scipy.linalg import solve_triangular
 from gpvi._compile import bucket
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.likelihoods import Gaussian
+from gpvi.engines import Progress
 from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.problem import check_offset
 from gpvi.likelihoods.base import as_array
@@ -151,7 +152,8 @@ def collapsed_bound(model, X, y, offset=None, chunk_size: int = 2048) -> float:
     return float(_value(model, _padded_data(model, X, y, offset, chunk_size)))
 
 
-def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None, log_prior=None):
+def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callback=None, log_prior=None,
+          on_round=None):
     """L-BFGS-B on the collapsed bound in the unconstrained parameters ``names``.
 
     Returns ``(model, iterations, rows, evaluations, message)``: the model with the best
@@ -162,7 +164,9 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     (:func:`gpvi.fitting.lbfgs.stop_message`).  ``callback(iteration, bound, seconds)`` as in :func:`gpvi.fit`.
     Stops when the bound changes by at most ``tol · max(1, |bound|)`` between iterations.
     ``log_prior``: a :class:`gpvi.priors.LogPrior` of ``names`` (or None): the search then
-    maximises bound + log p(θ); ``rows`` still record the bound.
+    maximises bound + log p(θ); ``rows`` still record the bound.  ``on_round(model, progress)``
+    (:class:`gpvi.engines.Progress`) after every iteration, with the model at its point; the
+    search ends there when it returns True.
     """
     theta0 = flatten_params(model, names)
     flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
@@ -189,9 +193,13 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
 
     def record(intermediate_result):  # scipy passes the OptimizeResult only under this name
         rows.append((time.perf_counter() - t0, bound(intermediate_result.x, float(intermediate_result.fun))))
+        k = len(rows) - 1
         if callback is not None:
             with paused():
-                callback(len(rows) - 1, rows[-1][1], rows[-1][0])
+                callback(k, rows[-1][1], rows[-1][0])
+        if on_round is not None and on_round(unflatten_params(model, unravel(jnp.asarray(intermediate_result.x))),
+                                             Progress(k, rows[-1][1], rows[-1][0], round=k)):
+            raise StopIteration  # (SciPy ends the search with the point of this round)
 
     x0 = np.asarray(flat0)
     f0, _ = fun(x0)

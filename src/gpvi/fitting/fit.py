@@ -37,7 +37,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         offset=None, exposure=None, init: State | str | None = None, max_rounds: int = 100,
         chunk_size: int = DEFAULT_CHUNK,
         cache_bytes: int = DEFAULT_CACHE_BYTES, seed: int = 0, progress: bool = False,
-        callback=None, engine_options: dict | None = None, subset=None, executor=None,
+        callback=None, on_state=None, engine_options: dict | None = None, subset=None, executor=None,
         posterior: str = "gaussian", components: int = 1, hyperprior: dict | None = None) -> FitResult:
     """Fit a latent Gaussian model by variational inference.
 
@@ -87,6 +87,18 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
     seed : for k-means placement of inducing inputs.
     progress : show a progress bar (iteration, VLB, elapsed) on stderr.
     callback : called as ``callback(iteration, vlb, seconds)`` after every iteration.
+    on_state : called as ``on_state(model, state, progress)`` with every state the fit traces, to
+        watch it (a checkpoint, a test error) or to stop it: each iterate of the engine runs the
+        trace shows, and after every round of the hyperparameter search the model at that
+        round and the engine's optimum there (``state`` is None in the rounds of the collapsed
+        bound, which forms no q until the search ends).  ``progress`` is a
+        :class:`gpvi.engines.Progress` (``iteration``, ``vlb``, ``seconds`` since the fit
+        started, ``round``: the search round, or None inside an engine run).  Returning True
+        stops the fit there: an engine run ends at that iterate; a hyperparameter search ends
+        at that round and keeps the best hyperparameters it evaluated, at which q is then
+        fitted (unwatched, from the state the search had), so the result is a usable
+        posterior.  The search's or the engine's message then says "stopped by on_state"; a
+        fit stopped inside an engine run is not ``converged``.
     engine_options : extra keyword arguments for the engine's ``run`` (e.g.
         ``{"clip_gamma": "always"}`` for fpi/fpb, ``{"history": 50}`` for gradient).
     subset : subset of data (Sheth et al. 2015, §5): an int ``n`` (a random subset of ``n``
@@ -138,7 +150,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         given = {"engine": engine, "tol": tol, "tol_nats": tol_nats, "max_iter": max_iter, "offset": offset,
                  "exposure": exposure, "init": init, "max_rounds": max_rounds, "chunk_size": chunk_size,
                  "cache_bytes": cache_bytes, "engine_options": engine_options, "subset": subset,
-                 "executor": executor, "hyperprior": hyperprior}
+                 "executor": executor, "hyperprior": hyperprior, "on_state": on_state}
         defaults = inspect.signature(fit).parameters
         same = {"init": ("prior",), "engine_options": ({},)}  # spelled otherwise, the default
         unused = [name for name, value in given.items()
@@ -162,7 +174,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
                        offset=offset, exposure=exposure, init=init, max_rounds=max_rounds, chunk_size=chunk_size,
                        cache_bytes=cache_bytes, seed=seed, engine_options=engine_options, subset=subset,
                        executor=executor, hyperprior=hyperprior)
-    with Runner(problem, t0, progress, callback) as runner:
+    with Runner(problem, t0, progress, callback, on_state) as runner:
         state, obj = start(problem)  # obj: the Laplace start's Objective, reused by the first run
         outcome = hyper.choose(problem)(problem, runner, state, obj)
     return _result(problem, runner, outcome)

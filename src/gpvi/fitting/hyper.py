@@ -37,6 +37,7 @@ from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.problem import check_known
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.priors import LogPrior
+from gpvi.engines import STOPPED, Progress
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
 from gpvi.objective import (as_device_array, full_gp_latents, make_chunks, pads_rows, prior_inputs, vlb_envelope,
                             vlb_in_hyperparameters)
@@ -121,7 +122,10 @@ def on_collapsed_bound(problem, runner, state, obj):
     model, rounds, rows, evaluations, search = collapsed.learn(
         p.model, names, p.X, p.y, p.offset, tol=p.tol, max_rounds=p.max_rounds,
         log_prior=LogPrior(p.model, names, p.hyperprior),
-        chunk_size=p.chunk_size, t0=runner.t0, callback=lambda i, v, s: runner.callback(i, v, s, shift=False))
+        chunk_size=p.chunk_size, t0=runner.t0, callback=lambda i, v, s: runner.callback(i, v, s, shift=False),
+        on_round=(lambda m, pr: runner.on_state(m, None, pr, shift=False)) if runner.watching else None)
+    if runner.stopped:
+        search = STOPPED
     obj, res, trace = runner(model, state, p.tol)  # (the Laplace start's objective is of the old θ)
     model, learned = _engine_model(model, res)
     # each evaluation of the collapsed bound is the optimal q in closed form: one iteration (and
@@ -136,8 +140,10 @@ def on_collapsed_bound(problem, runner, state, obj):
 def profile(problem, runner, state, obj):
     """L-BFGS-B on the profile bound (:func:`profile_search`) from the engine's optimum at the
     starting θ; then one engine run at the learned θ."""
-    obj, res, _ = runner(problem.model, state, problem.tol, obj=obj)
+    obj, res, trace = runner(problem.model, state, problem.tol, obj=obj)
     model, learned = _engine_model(problem.model, res)
+    if runner.stopped:  # the hook stopped the first run: no search
+        return Outcome(model, res, res.message, trace, prior=None if learned else obj.prior, search=STOPPED)
     names = problem.learned_names(model)
     check_known(model, names)
     model, rounds, search = profile_search(problem, runner, model, names, res.state)
@@ -155,7 +161,8 @@ def engine_owned(problem, runner, state, obj):
         obj = runner.objective(p.model)
     runner.start_clock()
     res, model, obj = p.engine.learn(obj, state, names, tol=p.tol, tol_nats=p.tol_nats, max_iter=p.max_iter,
-                                     max_rounds=p.max_rounds, callback=runner.callback, **p.options)
+                                     max_rounds=p.max_rounds, callback=runner.callback,
+                                     on_state=runner.on_state if runner.watching else None, **p.options)
     runner.counts.evaluations += res.evaluations  # (its own totals; no fixed-point safeguards)
     runner.counts.iterations += res.iterations
     return Outcome(model, res, res.message, runner.shifted(res.trace),
@@ -237,7 +244,7 @@ def profile_search(problem, runner, model, names, state):
     lik_learned = any(n.split(".")[0] == "likelihood" for n in names)
     inner = {"tol": tol}
     log_prior = LogPrior(model, names, problem.hyperprior)  # (empty: no prior)
-    memo = {"state": state, "best": (-np.inf, None, state)}
+    memo = {"state": state, "best": (-np.inf, None, state), "recent": []}
     rows = []
     vlbs = {}  # VLB of the Laplace posterior at each evaluated point (laplace only)
 
@@ -269,6 +276,7 @@ def profile_search(problem, runner, model, names, state):
         if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
         memo["state"], memo["obj"] = res.state, new_obj  # warm start for the next evaluation
+        memo["recent"] = [(np.array(x), res.state)] + memo["recent"][:3]  # for on_state at a round's point
         score = -val if laplace else res.vlb + lp
         if score > memo["best"][0]:
             memo["best"] = (score, np.array(x), res.state)
@@ -280,9 +288,16 @@ def profile_search(problem, runner, model, names, state):
         return -f - log_prior.value(unravel(jnp.asarray(x)))
 
     def record(intermediate_result):
-        rows.append((time.perf_counter() - t0, traced(intermediate_result.x, float(intermediate_result.fun))))
+        x = intermediate_result.x
+        rows.append((time.perf_counter() - t0, traced(x, float(intermediate_result.fun))))
         inner["tol"] = inner_tol(abs(rows[-1][1] - rows[-2][1]), rows[-1][1], tol, strict)
-        runner.callback(len(rows) - 1, rows[-1][1], rows[-1][0], shift=False)
+        k = len(rows) - 1
+        runner.callback(k, rows[-1][1], rows[-1][0], shift=False)
+        # the engine's optimum at the round's point (L-BFGS-B need not have evaluated it last)
+        at_x = next((s for xe, s in memo["recent"] if np.array_equal(xe, x)), memo["state"])
+        if runner.watching and runner.on_state(unflatten_params(model, unravel(jnp.asarray(x))), at_x,
+                                               Progress(k, rows[-1][1], rows[-1][0], round=k), shift=False):
+            raise StopIteration  # (SciPy ends the search with the point of this round)
 
     x0 = np.asarray(flat0)
     f0, g0 = fun(x0)
@@ -308,7 +323,7 @@ def profile_search(problem, runner, model, names, state):
     out = scipy.optimize.minimize(fun_once, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=problem.max_rounds, ftol=tol, gtol=1e-9))
     best_vlb, best_x, best_state = memo["best"]
-    message = stop_message(out, problem.max_rounds)
+    message = STOPPED if runner.stopped else stop_message(out, problem.max_rounds)
     if best_x is None:
         return model, int(out.nit), {"rows": rows, "state": state, "message": message}
     learned = unflatten_params(model, unravel(jnp.asarray(best_x)))

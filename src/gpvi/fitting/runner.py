@@ -13,6 +13,7 @@ from threadpoolctl import threadpool_limits
 
 from gpvi import engines as _engines
 from gpvi.data.executors import BlockObjective
+from gpvi.engines._common import Progress, call_on_state, check_on_state
 from gpvi.models.base import GP
 from gpvi.objective import Objective, State, prior_state
 from gpvi._watchdog import paused
@@ -131,15 +132,20 @@ class Runner:
 
     A context manager: inside it the process keeps one BLAS thread (:data:`BLAS_LIMIT`); leaving
     it closes the progress bar and the problem's executor plan.  :meth:`callback` is the fit's
-    per-iteration callback (progress bar and the user's ``callback``).
+    per-iteration callback (progress bar and the user's ``callback``); :meth:`on_state` shows
+    a search round's model and state to the user's ``on_state`` hook, which the engine runs that
+    are not ``quiet`` get too.  :attr:`stopped` turns True when the hook asks the fit to stop;
+    the strategies then end with what they have.
     """
 
-    def __init__(self, problem, t0: float, progress=False, callback=None):
+    def __init__(self, problem, t0: float, progress=False, callback=None, on_state=None):
         self.problem = problem
         self.t0 = t0
         self.counts = Counts()
         self.shift = 0.0  # seconds from t0 to the start of the current engine run
         self._user = callback
+        self._on_state = check_on_state(on_state)
+        self.stopped = False
         self._progress = None
         self._release = None
         self._show = progress
@@ -170,6 +176,21 @@ class Runner:
             if f is not None:
                 with paused():
                     f(iteration, vlb, seconds + (self.shift if shift else 0.0))
+
+    @property
+    def watching(self) -> bool:
+        """Whether the user gave an ``on_state`` hook."""
+        return self._on_state is not None
+
+    def on_state(self, model, state, progress: Progress, shift=True) -> bool:
+        """Show ``(model, state)`` to the user's hook, ``progress.seconds`` counted from the start
+        of the current run (``shift=True``; passed on counted from ``t0``) or from ``t0``; True,
+        and :attr:`stopped`, when it asks to stop."""
+        if self._on_state is not None and not self.stopped:
+            if shift:
+                progress = dataclasses.replace(progress, seconds=progress.seconds + self.shift)
+            self.stopped = call_on_state(self._on_state, model, state, progress)
+        return self.stopped
 
     def objective(self, model):
         """The objective of ``model`` on the problem's data (block-wise for a source)."""
@@ -206,8 +227,10 @@ class Runner:
             gap_kw = {"tol_nats": None if p.tol_nats is None else p.tol_nats * tol / p.tol}
         else:
             gap_kw = {}
+        # (once the hook has stopped a search, the run that fits q at its hyperparameters is unwatched)
+        watch = None if quiet or not self.watching or self.stopped else self.on_state
         res = p.engine.run(obj, start, tol=tol, max_iter=p.max_iter, callback=None if quiet else self.callback,
-                           **gap_kw, **p.options, **extra)
+                           on_state=watch, **gap_kw, **p.options, **extra)
         self.counts.add(res)
         return obj, res, self.shifted(res.trace)
 

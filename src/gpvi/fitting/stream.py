@@ -19,7 +19,7 @@ from gpvi.fitting.runner import BLAS_LIMIT as _BLAS_LIMIT
 from gpvi.models.base import Model, check_X
 from gpvi.models.multilatent import MultiLatent
 from gpvi.objective import Chunks, Objective, State, minibatch_sums, num_blocks, prior_state
-from gpvi.data.stream import as_stream
+from gpvi.data.stream import StreamObjective, as_stream
 from gpvi._watchdog import watched
 
 __all__ = ["fit_stream", "update", "as_sparse", "stream_engines"]
@@ -51,7 +51,7 @@ def _stream_progress(total_rows):
 def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size: int | None = None,
                epochs: int | None = 2, learn_hyperparameters=False, learn_inducing: bool = False,
                init: State | None = None, init_rows: int = 100_000, seed: int = 0, tol: float = 1e-6,
-               max_iter: int | None = None, progress: bool = False, callback=None,
+               max_iter: int | None = None, progress: bool = False, callback=None, on_state=None,
                engine_options: dict | None = None) -> FitResult:
     """Fit ``model`` by a stochastic engine reading minibatches from a stream.
 
@@ -71,6 +71,11 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
     engine_options : further engine options (``schedule``, ``learning_rate``, ``optimizer``,
         ``eval_every``, ``max_steps``, ``hyper_rate``, …; see the engines).
     progress : a progress bar on stderr with epochs and rows/s.
+    callback : ``callback(iteration, vlb, seconds)`` at every trace row (each epoch, or every
+        ``eval_every`` steps).
+    on_state : ``on_state(model, state, progress)`` at the same points (the model learned so
+        far; :class:`gpvi.engines.Progress`), e.g. for checkpoints or test metrics; the fit
+        stops there, keeping that state, when it returns True.
 
     Returns
     -------
@@ -89,8 +94,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
     stream = as_stream(source, y)
     N = stream.count_rows()
     options = dict(engine_options or {})
-    bad = sorted(set(options) & {"source", "model", "hyperparameters", "on_batch", "batch_size", "epochs", "seed"})
-    # (on_epoch, e.g. for checkpoints or test metrics per epoch, passes through engine_options)
+    bad = sorted(set(options) & {"hyperparameters", "on_batch", "on_state", "batch_size", "epochs", "seed"})
     if bad:
         raise ValueError(f"engine_options {bad} are fit_stream arguments")
     if isinstance(init_rows, bool) or not isinstance(init_rows, (int, np.integer)) or init_rows < 1:
@@ -126,9 +130,9 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
                          backtracks=res.backtracks, clipped=res.clipped, extras=dict(res.extras), gap=float("nan"))
 
     try:
-        res = run(None, state, tol=tol, max_iter=max_iter, callback=callback, batch_size=batch_size,
-                  epochs=epochs, seed=seed, hyperparameters=names or None, model=model, source=stream,
-                  on_batch=bar, **options)
+        res = run(StreamObjective(model, stream), state, tol=tol, max_iter=max_iter, callback=callback,
+                  on_state=on_state, batch_size=batch_size, epochs=epochs, seed=seed,
+                  hyperparameters=names or None, on_batch=bar, **options)
     except StreamError as err:
         if err.result is not None:
             err.result = result(err.result)
