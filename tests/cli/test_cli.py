@@ -426,7 +426,7 @@ def test_output_that_is_an_input_is_refused(poisson_csv, glm_model, tmp_path, ca
 def test_predict_out_is_written_atomically(poisson_csv, glm_model, tmp_path, capsys, monkeypatch):
     """Issue 14 B4: `gpvi predict --out` truncated the previous file before writing; a failed write
     (here a full disk after 100 cells) destroyed it."""
-    import gpvi.cli as cli
+    import gpvi.cli.predict as cli
 
     out = tmp_path / "pred.csv"
     out.write_text("previous predictions\n")
@@ -667,7 +667,7 @@ def test_interrupt_in_process_returns_130(poisson_csv, tmp_path, capsys, monkeyp
 def test_interrupt_as_a_command_ends_the_process_at_once(poisson_csv, tmp_path, capsys, monkeypatch):
     """Issue 21: as the `gpvi` command an interrupt ends the process with os._exit(130) after
     flushing, so no interpreter teardown runs while XLA threads (a compilation) are still live."""
-    import gpvi.cli as cli
+    import gpvi.cli.app as cli
 
     def interrupted(*args, **kwargs):
         print("partial summary")  # buffered output must be flushed before the exit

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import gpvi
-import gpvi.cli as cli
+import gpvi.cli.fit as cli_fit
+from gpvi.cli.common import UsageError
+from gpvi.cli.table import Table, choose_likelihood
 from gpvi.cli import main
 from gpvi.cli.common import AUTO_INTEGER_CLASSES, MAX_CLASSES
 from clitools import assert_bad_input, read_csv, run, write_csv  # noqa: E402
@@ -40,7 +42,7 @@ def fitted(iris):
     """``gpvi fit iris.csv --target species`` (no --likelihood), with the fit object that was saved."""
     out = iris.folder / "iris.gpvi"
     saved = {}
-    real_save = cli.save_model
+    real_save = cli_fit.save_model
 
     def keep(fit, path, extra):
         saved["fit"], saved["extra"] = fit, extra
@@ -48,7 +50,7 @@ def fitted(iris):
 
     stdout, stderr = io.StringIO(), io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        mp.setattr(cli, "save_model", keep)
+        mp.setattr(cli_fit, "save_model", keep)
         rc = main(["fit", str(iris.train), "--target", "species", "--max-rounds", "4", "--out", str(out)])
     assert rc == 0, stderr.getvalue()
     return SimpleNamespace(path=out, out=stdout.getvalue(), err=stderr.getvalue(), **saved)
@@ -144,12 +146,12 @@ def test_explicit_softmax_glm_with_integer_labels(iris, tmp_path, capsys):
 
 # --------------------------------------------------------------- the rule without --likelihood
 def _table(values):
-    return cli.Table("d.csv", {"y": [str(v) for v in values]}, len(values), list(range(2, len(values) + 2)))
+    return Table("d.csv", {"y": [str(v) for v in values]}, len(values), list(range(2, len(values) + 2)))
 
 
 def _choose(values, levels=None, positive=None, exposure=None):
     args = SimpleNamespace(levels=levels, positive=positive, exposure=exposure)
-    return cli._choose_likelihood(_table(values), "y", args)
+    return choose_likelihood(_table(values), "y", args)
 
 
 @pytest.mark.parametrize("values, expected, words", [
@@ -175,11 +177,11 @@ def test_likelihood_rule_follows_levels_and_positive():
 
 
 def test_likelihood_rule_refuses(capsys):
-    with pytest.raises(cli.UsageError, match="only one value 'a'.*nothing to learn"):
+    with pytest.raises(UsageError, match="only one value 'a'.*nothing to learn"):
         _choose(["a", "a", "a"])
-    with pytest.raises(cli.UsageError, match=f"60 distinct labels.*more than the {MAX_CLASSES} classes"):
+    with pytest.raises(UsageError, match=f"60 distinct labels.*more than the {MAX_CLASSES} classes"):
         _choose([f"c{k}" for k in range(60)])
-    with pytest.raises(cli.UsageError, match="--exposure needs --likelihood poisson or exponential"):
+    with pytest.raises(UsageError, match="--exposure needs --likelihood poisson or exponential"):
         _choose([1, 2, 3], exposure="t")
 
 

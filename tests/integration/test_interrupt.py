@@ -8,7 +8,7 @@ destroyed the XLA client under that thread, which then crashed (SIGSEGV, exit -1
 on a 200 000-row file with the progress bar on, every try when the interrupt is sent during a
 long compilation).  The command now leaves with ``os._exit(130)`` once the message is printed,
 and re-delivers an interrupt that Python swallowed in a garbage-collector callback (see
-:class:`gpvi.cli._InterruptGuard`).
+:class:`gpvi.cli.app._InterruptGuard`).
 
 The command runs in a child process exactly as the ``gpvi`` script runs it (``from gpvi.cli
 import main; sys.exit(main())``), with one line ``gpvi-ready`` on stderr once ``gpvi.cli`` is

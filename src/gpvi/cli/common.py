@@ -1,15 +1,18 @@
-"""What the command line's sub-commands share: its constants, its usage error, the model file's
-metadata and writing it, output paths and the progress switch."""
+"""What the command line's sub-commands share: its constants, its usage error and one-line
+messages, the model file's metadata and writing it, output paths written atomically and the
+progress switch."""
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-#: real paths of the files this command writes (the main module removes stray temporaries of them)
+#: real paths of the files this command writes (:func:`remove_stray_temporaries` cleans up after them)
 OUTPUTS: list[str] = []
 
 CLI_FORMAT = "gpvi-cli"
@@ -23,6 +26,10 @@ CLI_VERSION = 2
 #: The values of ``gpvi fit --likelihood`` (probit: Bernoulli with the probit link).
 LIKELIHOODS = ("gaussian", "bernoulli", "probit", "poisson", "ordinal", "laplace", "studentt", "exponential",
                "softmax")
+
+
+#: The values of ``gpvi fit --model``: sparse GP, full GP, Bayesian GLM, or auto (the default).
+MODELS = ("sparse", "full", "glm", "auto")  # the default: auto (gpvi.fitting.defaults.model_kind)
 
 
 #: the likelihoods whose targets are class labels (stored as the model file's ``labels``)
@@ -153,7 +160,7 @@ def refuse_overwriting_input(out, what: str, inputs: dict):
 
 
 def remember_output(path):
-    """Note that this command writes ``path`` (for :func:`_remove_stray_temporaries`)."""
+    """Note that this command writes ``path`` (for :func:`remove_stray_temporaries`)."""
     OUTPUTS.append(os.path.realpath(path))
 
 
@@ -179,3 +186,58 @@ def describe_model(fit, kind):
     if kind == "full":
         return f"full GP (RBF ARD kernel){per_class}"
     return f"Bayesian GLM{per_class}"
+
+
+def one_line(msg) -> str:
+    """``msg`` as one line of plain words (see :func:`plain`)."""
+    return " ".join(plain(msg).split())
+
+
+_PICKLE_ADVICE = re.compile(r"\s*If you trust the file you can load it unsafely.*?(pickle\.load\(\)`?\.?|$)", re.S)
+
+
+def plain(msg) -> str:
+    """``msg`` without NumPy's advice to load a file "unsafely" with ``allow_pickle``: gpvi never
+    unpickles a file, and a user must not be told to."""
+    text = str(msg)
+    if "pickle" not in text:
+        return text
+    text = _PICKLE_ADVICE.sub("", text)
+    text = text.replace("This file contains pickled (object) data.",
+                        "it holds pickled Python objects, which gpvi never loads")
+    return text.replace("Object arrays cannot be loaded when allow_pickle=False",
+                        "it holds Python objects (pickled data), which gpvi never loads")
+
+
+def remove_stray_temporaries():
+    """Remove the temporary files of :func:`gpvi.io.atomic_write` for this command's outputs that
+    this process still has open.  An interrupt that lands between the temporary file's creation
+    and the start of the write's own clean-up (inside :func:`tempfile.mkstemp`, 1 in 60 tries
+    with the interrupt sent as the file appears) leaves it behind; the output itself is intact.
+    Only files open in this process are touched, so another process's write is never disturbed.
+    Linux (``/proc/self/fd``) only; elsewhere nothing is done."""
+    fds = "/proc/self/fd"
+    if not OUTPUTS or not os.path.isdir(fds):
+        return
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(fds):
+            try:
+                target = os.readlink(os.path.join(fds, fd))
+            except OSError:
+                continue
+            folder, name = os.path.split(target)
+            for out in OUTPUTS:
+                if (folder == os.path.dirname(out) and name.startswith(f".{os.path.basename(out)}.")
+                        and name.endswith(".tmp")):
+                    with contextlib.suppress(OSError):
+                        os.unlink(target)
+
+
+def open_output(path: Path):
+    """Open ``path`` for writing in binary mode with :func:`gpvi.io.atomic_write`: a regular
+    file (or a new one) is replaced atomically through any symlink to it, so an error or an
+    interrupt leaves a previous file intact; a device or pipe (``/dev/null``, ``/dev/stdout``) is
+    written in place."""
+    from gpvi.io import atomic_write
+
+    return atomic_write(path, "wb")

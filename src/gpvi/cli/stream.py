@@ -1,7 +1,7 @@
 """``gpvi fit --stream``: fit a file larger than memory by the stochastic engines, reading it in
 row groups (Parquet) or blocks (CSV) and never holding more than a shuffle buffer of rows.
 
-Kept apart from :mod:`gpvi.cli` (which calls :func:`cmd_fit_stream`); the model file it writes
+Called by :func:`gpvi.cli.fit.cmd_fit` for ``--stream``; the model file it writes
 has the CLI's usual fields, so ``gpvi predict`` uses it unchanged.  What a stream cannot offer:
 feature and target scalings come from the first ``--init-rows`` rows (not the whole file);
 targets must already be numbers in the likelihood's support (0/1 for bernoulli/probit; text
@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from gpvi.cli.common import (CLI_FORMAT, LOG_LINK, PARQUET_SUFFIXES, STANDARDISED_TARGET, UsageError, check_writable,
+                             default_out, describe_model, file_version, make_likelihood, refuse_overwriting_input,
+                             remember_output, save_model, show_progress, split, support_error)
 
-from gpvi.cli.common import (CLI_FORMAT, LOG_LINK, PARQUET_SUFFIXES, STANDARDISED_TARGET, UsageError, check_writable, default_out, describe_model, file_version, make_likelihood, refuse_overwriting_input, remember_output, save_model, show_progress, split, support_error)
 
 
 def cmd_fit_stream(args) -> int:
