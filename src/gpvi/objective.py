@@ -823,6 +823,48 @@ def vlb_envelope(model: Model, prior, chunks: Chunks, state: State, blocks: int,
     return out
 
 
+def sparse_envelope(model: SparseGP, chunks: Chunks, state: State):
+    """A scalar whose gradient in ``model``'s parameters is the gradient of the VLB of a sparse GP
+    with ``q(u) = N(μ_u, S_u)`` held fixed over the inducing values ``u = L w`` (``K_zz = L Lᵀ``
+    with its jitter, ``μ_u = L m``, ``S_u = L V Lᵀ`` at the current parameters), and whose value
+    is the VLB there.
+
+    At the optimal ``q`` this is the gradient of the profile bound (the envelope theorem, as for
+    :func:`vlb_envelope`), the same as that of :func:`vlb_in_hyperparameters` with the whitened
+    ``(m, V)`` held fixed.  Held over ``u``, a row's marginal is ``N(k_iᵀ α, k_ii − k_iᵀ B k_i)``
+    with ``α = K⁻¹ μ_u`` and ``B = K⁻¹ − K⁻¹ S_u K⁻¹`` (two M×M triangular solves each), so the
+    data pass is one product ``B K_zx`` per chunk instead of the whitened projection
+    ``L⁻¹ K_zx`` followed by ``cholᵀ (L⁻¹ K_zx)``, and its derivative needs no derivative of
+    either (a9a, M = 500, 32 561 rows: see benchmarks/README.md).  ``KL(q(u) ‖ N(0, K))`` has
+    ``tr(K⁻¹ S_u) = ‖L⁻¹ L₀ chol V‖²_F`` and ``μ_uᵀ K⁻¹ μ_u = ‖L⁻¹ L₀ m‖²`` (``L₀`` the factor
+    at the current parameters, held fixed).  One latent function; the chunks in memory.
+    """
+    sg = jax.lax.stop_gradient
+    L = model.prior_cache(None)
+    L0, w, Lv = sg(L), sg(state.mean), sg(state.chol)
+    M = w.shape[0]
+    C = solve_triangular(L, L0, lower=True)  # L⁻¹ L₀ (the identity at the current parameters)
+    Cw, G = C @ w, C @ Lv
+    alpha = solve_triangular(L, Cw, lower=True, trans="T")  # K⁻¹ μ_u
+    inner = jnp.eye(M, dtype=L.dtype) - G @ G.T  # I − L⁻¹ S_u L⁻ᵀ
+    Y = solve_triangular(L, inner, lower=True, trans="T")
+    B = solve_triangular(L, Y.T, lower=True, trans="T")  # L⁻ᵀ (I − L⁻¹ S_u L⁻ᵀ) L⁻¹ (symmetric)
+    logdet_Su = 2.0 * (jnp.sum(jnp.log(jnp.diag(L0))) + jnp.sum(jnp.log(jnp.abs(jnp.diag(Lv)))))
+    kl = 0.5 * (jnp.sum(G * G) + Cw @ Cw - M + 2.0 * jnp.sum(jnp.log(jnp.diag(L))) - sg(logdet_Su))
+    Z, lik = jnp.asarray(model.inducing), model.likelihood
+
+    @jax.checkpoint
+    def chunk_E(ch):
+        Kzx = model.kernel.inducing_cross(Z, ch.X)
+        m = model.mean + ch.offset + Kzx.T @ alpha
+        v = model.kernel.diag(ch.X) - jnp.sum(Kzx * (B @ Kzx), axis=0)
+        E = lik.expected_log_prob(ch.y, m, v)
+        return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
+
+    sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
+    return sE - kl
+
+
 # ---- one minibatch, scaled (the stochastic engines: sfp, svi) ----------------------------------
 # A minibatch larger than DEFAULT_CHUNK rows is summed over sub-chunks of at most that many rows
 # (a lax.scan), like the full-data pass: measured on XLA:CPU at M = 300, the sums of one

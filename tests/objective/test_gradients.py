@@ -318,3 +318,73 @@ def test_full_gp_search_with_the_envelope_gradient_reaches_the_autodiff_optimum(
     old = gpvi.fit(model, X, y, learn_hyperparameters=True)
     assert new.hyperparameter_rounds >= 2
     np.testing.assert_allclose(new.vlb, old.vlb, rtol=1e-6)
+
+
+# ---- sparse GPs: the hypergradient with q held fixed over the inducing values (sparse_envelope) ---
+def _sparse_cases():
+    rng = np.random.default_rng(211)
+    N, M = 60, 7
+    X = rng.normal(size=(N, 2))
+    Z = X[rng.choice(N, M, replace=False)] + 0.05
+    t = gpvi.SparseGP(K.RBF(variance=1.5, lengthscale=np.array([0.8, 1.3])), L.StudentT(df=4.0, scale=0.4),
+                      inducing=Z, mean=0.3)
+    yt = np.sin(X[:, 0]) + 0.3 * rng.standard_t(3, N)
+    b = gpvi.SparseGP(K.RBF(variance=2.0, lengthscale=1.0) + K.Linear(variance=0.3), L.Bernoulli(), inducing=Z,
+                      mean=-0.2)
+    yb = (X[:, 0] - X[:, 1] + 0.5 * rng.normal(size=N) > 0).astype(float)
+    return [("studentt", t, X, yt), ("bernoulli", b, X, yb)]
+
+
+@pytest.mark.parametrize("case", range(2), ids=["studentt", "bernoulli"])
+def test_sparse_envelope_is_the_vlb_with_q_fixed_over_the_inducing_values(case):
+    """At a random state, far from the optimum: the value of :func:`sparse_envelope` is the VLB of
+    the Objective, and its gradient (every learnable parameter, the inducing inputs, the mean and
+    the likelihood's included) equals autodiff of the whitened VLB with the state mapped into each
+    θ's coordinates so that q(u) stays put: ``w(θ) = L(θ)⁻¹ L₀ w₀``, ``chol(θ) = L(θ)⁻¹ L₀ chol₀``."""
+    from jax.scipy.linalg import solve_triangular
+
+    from gpvi._module import unflatten_params
+    from gpvi.objective import sparse_envelope
+
+    name, model, X, y = _sparse_cases()[case]
+    names = gpvi.learnable_parameters(model) + ["inducing"]
+    y = model.likelihood.validate(y)
+    state = random_state(np.random.default_rng(212), model.num_weights(X))
+    obj = Objective(model, X, y, chunk_size=16)
+    theta = flatten_params(model, names)
+    L0 = model.prior_cache(None)
+    u_mean, u_chol = L0 @ state.mean, L0 @ state.chol
+
+    def carried(th):
+        mdl = unflatten_params(model, th)
+        L = mdl.prior_cache(None)
+        st = State(solve_triangular(L, u_mean, lower=True), solve_triangular(L, u_chol, lower=True))
+        return vlb_in_hyperparameters(mdl, jnp.asarray(X), obj.chunks, st)
+
+    def envelope(th):
+        return sparse_envelope(unflatten_params(model, th), obj.chunks, state)
+
+    np.testing.assert_allclose(float(envelope(theta)), float(obj.vlb(state)), rtol=1e-11)
+    want, got = jax.grad(carried)(theta), jax.grad(envelope)(theta)
+    for n in names:
+        assert np.all(np.abs(np.asarray(want[n])) > 1e-4), n
+        np.testing.assert_allclose(np.asarray(got[n]), np.asarray(want[n]), rtol=1e-7, atol=1e-9, err_msg=n)
+
+
+def test_sparse_envelope_is_the_whitened_gradient_at_the_optimum():
+    """The envelope theorem: at the optimal q, holding q fixed over u or over the whitened w gives
+    the same gradient (what lets gpvi.fit use the cheaper one); away from it they differ."""
+    from gpvi.fitting.hyper import neg_sparse_envelope_and_grad, neg_vlb_and_grad
+
+    name, model, X, y = _sparse_cases()[1]
+    names = gpvi.learnable_parameters(model) + ["inducing"]
+    yv = model.likelihood.validate(y)
+    theta = flatten_params(model, names)
+    obj = Objective(model, X, yv, chunk_size=16)
+    flat = lambda g: np.asarray(jax.flatten_util.ravel_pytree(g)[0])  # noqa: E731
+    for state, agree in [(gpvi.fit(model, X, y, tol_nats=1e-12).state, True),
+                         (random_state(np.random.default_rng(213), model.num_weights(X)), False)]:
+        _, g_u = neg_sparse_envelope_and_grad(theta, model, obj.chunks, state)
+        _, g_w = neg_vlb_and_grad(theta, model, jnp.asarray(X), obj.chunks, state)
+        rel = np.max(np.abs(flat(g_u) - flat(g_w))) / np.max(np.abs(flat(g_w)))
+        assert (rel < 1e-6) if agree else (rel > 1e-3), rel

@@ -39,11 +39,13 @@ from gpvi._module import flatten_params, unflatten_params
 from gpvi.priors import LogPrior
 from gpvi.engines import STOPPED, Progress
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
-from gpvi.objective import (as_device_array, full_gp_latents, make_chunks, pads_rows, prior_inputs, vlb_envelope,
-                            vlb_in_hyperparameters)
+from gpvi.models.base import SparseGP
+from gpvi.objective import (as_device_array, full_gp_latents, make_chunks, pads_rows, prior_inputs, sparse_envelope,
+                            vlb_envelope, vlb_in_hyperparameters)
 
 __all__ = ["Outcome", "choose", "fixed", "profile", "on_collapsed_bound", "joint", "engine_owned",
-           "profile_search", "neg_vlb", "neg_vlb_and_grad", "neg_envelope", "neg_envelope_grad", "neg_laplace",
+           "profile_search", "neg_vlb", "neg_vlb_and_grad", "neg_envelope", "neg_envelope_grad",
+           "neg_sparse_envelope", "neg_sparse_envelope_and_grad", "neg_laplace",
            "neg_laplace_and_grad", "INNER_TOL_CAP", "inner_tol", "NOT_LEARNED"]
 
 
@@ -189,6 +191,15 @@ def neg_envelope(theta, model, prior, chunks, state, proj, blocks, likelihood):
 neg_envelope_grad = jax.jit(jax.grad(neg_envelope), static_argnames=("blocks", "likelihood"))
 
 
+def neg_sparse_envelope(theta, model, chunks, state):
+    """−VLB of a sparse GP in ``theta`` with q held fixed over the inducing values
+    (:func:`gpvi.objective.sparse_envelope`)."""
+    return -sparse_envelope(unflatten_params(model, theta), chunks, state)
+
+
+neg_sparse_envelope_and_grad = jax.jit(jax.value_and_grad(neg_sparse_envelope))
+
+
 def neg_laplace(theta, model, X, chunks, mode, clip=False):
     """−(Laplace log marginal likelihood) in ``theta`` at the posterior ``mode``."""
     return -laplace_log_marginal_at(unflatten_params(model, theta), X, chunks, mode, clip)
@@ -241,6 +252,9 @@ def profile_search(problem, runner, model, names, state):
     # Full GPs: the hypergradient of the profile bound with q held fixed in function space
     # (gpvi.objective.vlb_envelope); the likelihood's parameters then need one pass of the data.
     envelope = not laplace and not blockwise and full_gp_latents(model)
+    # One sparse GP: the hypergradient with q held fixed over the inducing values
+    # (gpvi.objective.sparse_envelope), cheaper than through the whitened projections.
+    sparse = not laplace and not blockwise and type(model) is SparseGP
     lik_learned = any(n.split(".")[0] == "likelihood" for n in names)
     inner = {"tol": tol}
     log_prior = LogPrior(model, names, problem.hyperprior)  # (empty: no prior)
@@ -265,6 +279,8 @@ def profile_search(problem, runner, model, names, state):
             vlbs[np.asarray(x).tobytes()] = res.vlb
         elif blockwise:  # the same value and gradient, block by block on the fit's executor
             val, g = new_obj.neg_vlb_and_grad(theta, model, res.state)
+        elif sparse:
+            val, g = neg_sparse_envelope_and_grad(theta, model, chunks, res.state)
         elif envelope:  # full GPs: q held fixed over the training latents (no Cholesky derivative)
             val = -res.vlb
             g = neg_envelope_grad(theta, model, new_obj.prior, new_obj.chunks, res.state, new_obj.proj,
