@@ -148,7 +148,8 @@ def profile(problem, runner, state, obj):
         return Outcome(model, res, res.message, trace, prior=None if learned else obj.prior, search=STOPPED)
     names = problem.learned_names(model)
     check_known(model, names)
-    model, rounds, search = profile_search(problem, runner, model, names, res.state)
+    model, rounds, search = profile_search(problem, runner, model, names, res.state,
+                                           start=None if learned else (obj, res))
     obj, res, _ = runner(model, search["state"], problem.tol)
     message = f"{res.message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return Outcome(model, res, message, np.asarray(search["rows"]).reshape(-1, 2), rounds,
@@ -222,7 +223,7 @@ def inner_tol(gain, vlb, tol, strict):
     return min(max(tol, INNER_TOL_CAP), max(strict, 1e-2 * gain / max(1.0, abs(vlb))))
 
 
-def profile_search(problem, runner, model, names, state):
+def profile_search(problem, runner, model, names, state, start=None):
     """L-BFGS-B on the profile bound in the parameters ``names`` of ``model``, from the engine's
     optimum ``state``; returns ``(model, iterations, {"rows": trace rows, "state": best state,
     "message": why the search stopped})`` (the message as
@@ -232,7 +233,9 @@ def profile_search(problem, runner, model, names, state):
     search.  With the Laplace engine (``Engine.evidence == "laplace"``) the objective is the
     Laplace log marginal likelihood, its gradient by the one-Newton-step construction of
     :func:`gpvi.engines.laplace.laplace_log_marginal_at`; the trace still records the VLB of each
-    accepted point's Laplace posterior.
+    accepted point's Laplace posterior.  ``start``: the ``(objective, EngineResult)`` of the
+    engine run at ``model`` that produced ``state``, if any, which then stands for the search's
+    first evaluation (instead of another run from its optimum).
     """
     X, y, offset, tol, t0 = problem.X, problem.y, problem.offset, problem.tol, runner.t0
     laplace = problem.engine.evidence == "laplace"
@@ -259,6 +262,7 @@ def profile_search(problem, runner, model, names, state):
     inner = {"tol": tol}
     log_prior = LogPrior(model, names, problem.hyperprior)  # (empty: no prior)
     memo = {"state": state, "best": (-np.inf, None, state), "recent": []}
+    given = {"run": start}
     rows = []
     vlbs = {}  # VLB of the Laplace posterior at each evaluated point (laplace only)
 
@@ -266,9 +270,12 @@ def profile_search(problem, runner, model, names, state):
         theta = unravel(jnp.asarray(x))
         mdl = unflatten_params(model, theta)
         try:
-            prev = memo.get("obj")
-            start = memo["state"] if prev is None else lambda o: warmstart.carry(prev, o, memo["state"])
-            new_obj, res, _ = runner(mdl, start, inner["tol"], quiet=True)
+            if given["run"] is not None and np.array_equal(x, x0):  # the run that gave the start
+                (new_obj, res), given["run"] = given["run"], None
+            else:
+                prev = memo.get("obj")
+                begin = memo["state"] if prev is None else lambda o: warmstart.carry(prev, o, memo["state"])
+                new_obj, res, _ = runner(mdl, begin, inner["tol"], quiet=True)
         except np.linalg.LinAlgError:
             return np.inf, np.zeros_like(x)
         if not np.isfinite(res.vlb):
