@@ -129,7 +129,7 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     """The coupled mean direction (CG on I − Σ A h Aᵀ) against a dense solve with the Hessian of
     the VLB in all Q×d means by automatic differentiation, and the gap's mean share ½ gᵀĤ⁻¹g."""
     from gpvi.engines._common import coupled_target, precision_chol
-    from gpvi.objective import _expected
+    from gpvi.objective import expected_vlb
 
     X, y = _three_class(n=25)
     model = MultiLatent.full([kernels.RBF(lengthscale=1.0), kernels.RBF(lengthscale=2.0),
@@ -140,7 +140,7 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     sums = obj.sums(st)
 
     def vlb_of_mean(mean):
-        return _expected(model, obj.prior, obj.chunks, obj.proj, State(mean.reshape(3, 25), st.chol),
+        return expected_vlb(model, obj.prior, obj.chunks, obj.proj, State(mean.reshape(3, 25), st.chol),
                          obj.cached, obj.blocks)
 
     H = -np.asarray(jax.hessian(vlb_of_mean)(st.mean.reshape(-1)))

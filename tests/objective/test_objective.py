@@ -45,7 +45,7 @@ def test_sums_match_dense_numpy(rng, d, blocks, cached):
 @pytest.mark.slow
 def test_recomputed_sparse_gp_sums_in_raw_features_match_dense_numpy(rng, blocks):
     # With the projections recomputed per pass, the sparse GP's sums are taken in the raw
-    # features K(Z, x) and mapped through L⁻¹ once (objective._raw_operator); against the
+    # features K(Z, x) and mapped through L⁻¹ once (objective.raw_operator); against the
     # dense computation with a_i = L⁻¹ K(Z, x_i) by a triangular solve, on inducing inputs
     # close enough together that K(Z, Z) has a condition number ~1e8.  The rounding of the raw
     # sums is magnified by up to cond(K(Z, Z))·ε on the way through L⁻¹ (measured here: VLB

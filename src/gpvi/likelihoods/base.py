@@ -150,7 +150,7 @@ class Likelihood(Module):
     def moments_and_mean_hessians(self, y, m, v):
         """``(E, ρ, λ, h)`` of a likelihood with Q > 1 latents per row, at rows ``m, v`` (n, Q):
         :meth:`variational_moments` and each row's ``h_i = ∂²E_i/∂m_i∂m_iᵀ`` (n, Q, Q), the
-        curvature that couples the latents' means (see :func:`gpvi.objective._coupled_direction`).
+        curvature that couples the latents' means (see :func:`gpvi.objective.coupled_direction`).
 
         By automatic differentiation of :meth:`expected_log_prob` unless a subclass gives closed
         forms (:class:`gpvi.likelihoods.softmax.Softmax`)."""

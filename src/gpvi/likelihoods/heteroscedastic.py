@@ -14,7 +14,7 @@ exp(−2 m_g + 2 v_g)``):
 - ``ρ = ∂E/∂m = (r a, s a − 1)`` and ``λ = 2 ∂E/∂v = (−a, −2 s a)`` (both λ ≤ 0, so the
   per-latent precisions of the fixed-point engines stay positive definite);
 - the curvature in the means that couples the two latents (used by the fixed-point engine's
-  joint Newton direction, :func:`gpvi.objective._coupled_direction`):
+  joint Newton direction, :func:`gpvi.objective.coupled_direction`):
   ``h = ∂²E/∂m∂mᵀ = [[−a, −2 r a], [−2 r a, −2 s a]]``.  It is *not* negative definite in
   general (``det h = 2 a² (v_f − r²)``): ``log p`` is not jointly concave in ``(f, g)``, and the
   engines' safeguards handle directions without positive curvature.
