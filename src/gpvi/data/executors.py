@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gpvi.models.base import SparseGP
+from gpvi.objective import sparse_envelope_expected, sparse_envelope_kl
 from gpvi.objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Chunks, Objective, Sums, expected_pass, data_pass, add_partials, expected_in_hyperparameters, finish_sums, num_blocks, split_rows
 from gpvi.data.sources import Source
 from gpvi._watchdog import paused
@@ -90,7 +92,18 @@ def _expected_from_theta(theta, template, prior_X, chunks, state, blocks):
     from gpvi._module import unflatten_params
 
     model = unflatten_params(template, theta)
+    if type(model) is SparseGP:  # q held fixed over the inducing values, as in memory (sparse_envelope)
+        return sparse_envelope_expected(model, chunks, state)
     return expected_in_hyperparameters(model, model.prior_cache(prior_X), chunks, state, blocks)
+
+
+def _neg_sparse_kl(theta, template, state):
+    from gpvi._module import unflatten_params
+
+    return -sparse_envelope_kl(unflatten_params(template, theta), state)
+
+
+_sparse_kl_and_grad = jax.jit(jax.value_and_grad(_neg_sparse_kl))
 
 
 _block_hyper = jax.jit(jax.value_and_grad(_expected_from_theta), static_argnames=("blocks",))
@@ -421,12 +434,18 @@ class BlockObjective(Objective):
 
     def neg_vlb_and_grad(self, theta, template, state):
         """``(−VLB, −∂VLB/∂θ)`` at the unconstrained hyperparameters ``theta`` (a dict, see
-        :func:`gpvi._module.flatten_params`) of ``template``, with ``state`` held fixed."""
+        :func:`gpvi._module.flatten_params`) of ``template``, with ``state`` held fixed: the
+        whitened state, or for a sparse GP ``q(u)`` over the inducing values
+        (:func:`gpvi.objective.sparse_envelope`, as the in-memory search does)."""
         from gpvi.models.base import kl_standard_normal
 
         parts = self.plan.map("hyper", lambda cached: ((theta, template, self.prior_X, state), (self.blocks,)))
         val, grad = add_partials(jax.tree_util.tree_map(jnp.asarray, parts))
-        val = val - kl_standard_normal(state.mean, state.chol)
+        if type(template) is SparseGP:  # the KL of q(u) held over the inducing values depends on θ
+            neg_kl, g_kl = _sparse_kl_and_grad(theta, template, state)
+            val, grad = val + neg_kl, jax.tree_util.tree_map(jnp.add, grad, g_kl)
+        else:
+            val = val - kl_standard_normal(state.mean, state.chol)
         return -val, jax.tree_util.tree_map(lambda g: -g, grad)
 
     def close(self):

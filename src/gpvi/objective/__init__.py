@@ -33,10 +33,10 @@ from gpvi.objective.blocks import (assemble_gram, block_edges, block_gram, block
                                    raw_marginals, raw_operator, split_gram, split_rows, stacked_state, zero_gram)
 from gpvi.objective.passes import (add_partials, all_finite, data_pass, data_sums, expected_pass, expected_vlb,
                                    finish_sums, latent_moments_of_rows)
-from gpvi.objective.newton import (coupled_direction)
-from gpvi.objective.vlb import (Objective)
-from gpvi.objective.hyper import (expected_in_hyperparameters, full_gp_latents, sparse_envelope, vlb_envelope,
-                                  vlb_in_hyperparameters)
+from gpvi.objective.newton import coupled_direction
+from gpvi.objective.vlb import Objective
+from gpvi.objective.hyper import (expected_in_hyperparameters, full_gp_latents, sparse_envelope,
+                                  sparse_envelope_expected, sparse_envelope_kl, vlb_envelope, vlb_in_hyperparameters)
 from gpvi.objective.minibatch import (minibatch_projection, minibatch_sums, minibatch_vlb, split_batch)
 
 __all__ = ["State", "Sums", "Chunks", "Objective", "make_chunks", "prior_state", "minibatch_sums", "minibatch_vlb"]

@@ -105,6 +105,48 @@ def vlb_envelope(model: Model, prior, chunks: Chunks, state: State, blocks: int,
     return out
 
 
+def _inducing_space(model: SparseGP, state: State):
+    """``(α, B, KL)`` of :func:`sparse_envelope`: ``q(u)`` held at its value under ``model``'s
+    current parameters, as functions of those parameters."""
+    sg = jax.lax.stop_gradient
+    L = model.prior_cache(None)
+    L0, w, Lv = sg(L), sg(state.mean), sg(state.chol)
+    M = w.shape[0]
+    C = solve_triangular(L, L0, lower=True)  # L⁻¹ L₀ (the identity at the current parameters)
+    Cw, G = C @ w, C @ Lv
+    alpha = solve_triangular(L, Cw, lower=True, trans="T")  # K⁻¹ μ_u
+    inner = jnp.eye(M, dtype=L.dtype) - G @ G.T  # I − L⁻¹ S_u L⁻ᵀ
+    Y = solve_triangular(L, inner, lower=True, trans="T")
+    B = solve_triangular(L, Y.T, lower=True, trans="T")  # L⁻ᵀ (I − L⁻¹ S_u L⁻ᵀ) L⁻¹ (symmetric)
+    logdet_Su = 2.0 * (jnp.sum(jnp.log(jnp.diag(L0))) + jnp.sum(jnp.log(jnp.abs(jnp.diag(Lv)))))
+    kl = 0.5 * (jnp.sum(G * G) + Cw @ Cw - M + 2.0 * jnp.sum(jnp.log(jnp.diag(L))) - sg(logdet_Su))
+    return alpha, B, kl
+
+
+def sparse_envelope_kl(model: SparseGP, state: State):
+    """``KL(q(u) ‖ N(0, K_zz))`` with ``q(u)`` held fixed over the inducing values (the prior
+    term of :func:`sparse_envelope`)."""
+    return _inducing_space(model, state)[2]
+
+
+def sparse_envelope_expected(model: SparseGP, chunks: Chunks, state: State):
+    """``Σ E_i`` over ``chunks`` with ``q(u)`` held fixed over the inducing values (the data term
+    of :func:`sparse_envelope`; a block-wise pass adds it up block by block)."""
+    alpha, B, _ = _inducing_space(model, state)
+    Z, lik = jnp.asarray(model.inducing), model.likelihood
+
+    @jax.checkpoint
+    def chunk_E(ch):
+        Kzx = model.kernel.inducing_cross(Z, ch.X)
+        m = model.mean + ch.offset + Kzx.T @ alpha
+        v = model.kernel.diag(ch.X) - jnp.sum(Kzx * (B @ Kzx), axis=0)
+        E = lik.expected_log_prob(ch.y, m, v)
+        return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
+
+    sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
+    return sE
+
+
 def sparse_envelope(model: SparseGP, chunks: Chunks, state: State):
     """A scalar whose gradient in ``model``'s parameters is the gradient of the VLB of a sparse GP
     with ``q(u) = N(μ_u, S_u)`` held fixed over the inducing values ``u = L w`` (``K_zz = L Lᵀ``
@@ -119,29 +161,7 @@ def sparse_envelope(model: SparseGP, chunks: Chunks, state: State):
     ``L⁻¹ K_zx`` followed by ``cholᵀ (L⁻¹ K_zx)``, and its derivative needs no derivative of
     either (a9a, M = 500, 32 561 rows: see benchmarks/README.md).  ``KL(q(u) ‖ N(0, K))`` has
     ``tr(K⁻¹ S_u) = ‖L⁻¹ L₀ chol V‖²_F`` and ``μ_uᵀ K⁻¹ μ_u = ‖L⁻¹ L₀ m‖²`` (``L₀`` the factor
-    at the current parameters, held fixed).  One latent function; the chunks in memory.
+    at the current parameters, held fixed).  One latent function; the data term is
+    :func:`sparse_envelope_expected`, the prior term :func:`sparse_envelope_kl`.
     """
-    sg = jax.lax.stop_gradient
-    L = model.prior_cache(None)
-    L0, w, Lv = sg(L), sg(state.mean), sg(state.chol)
-    M = w.shape[0]
-    C = solve_triangular(L, L0, lower=True)  # L⁻¹ L₀ (the identity at the current parameters)
-    Cw, G = C @ w, C @ Lv
-    alpha = solve_triangular(L, Cw, lower=True, trans="T")  # K⁻¹ μ_u
-    inner = jnp.eye(M, dtype=L.dtype) - G @ G.T  # I − L⁻¹ S_u L⁻ᵀ
-    Y = solve_triangular(L, inner, lower=True, trans="T")
-    B = solve_triangular(L, Y.T, lower=True, trans="T")  # L⁻ᵀ (I − L⁻¹ S_u L⁻ᵀ) L⁻¹ (symmetric)
-    logdet_Su = 2.0 * (jnp.sum(jnp.log(jnp.diag(L0))) + jnp.sum(jnp.log(jnp.abs(jnp.diag(Lv)))))
-    kl = 0.5 * (jnp.sum(G * G) + Cw @ Cw - M + 2.0 * jnp.sum(jnp.log(jnp.diag(L))) - sg(logdet_Su))
-    Z, lik = jnp.asarray(model.inducing), model.likelihood
-
-    @jax.checkpoint
-    def chunk_E(ch):
-        Kzx = model.kernel.inducing_cross(Z, ch.X)
-        m = model.mean + ch.offset + Kzx.T @ alpha
-        v = model.kernel.diag(ch.X) - jnp.sum(Kzx * (B @ Kzx), axis=0)
-        E = lik.expected_log_prob(ch.y, m, v)
-        return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
-
-    sE, _ = jax.lax.scan(lambda s, ch: (s + chunk_E(ch), None), jnp.zeros(()), chunks)
-    return sE - kl
+    return sparse_envelope_expected(model, chunks, state) - sparse_envelope_kl(model, state)
