@@ -128,7 +128,7 @@ def child_usps():
     out["end_s"] = time.perf_counter() - T_START
     out["fit_s"] = time.perf_counter() - t
     p = fit.predict_proba(Xt)
-    out.update(error=float(np.mean(p.argmax(1) != yt)),
+    out.update(test_error=float(np.mean(p.argmax(1) != yt)),
                nlpd=float(-np.mean(np.log(np.clip(p[np.arange(len(yt)), yt], 1e-300, None)))),
                converged=fit.converged, hyperparameter_rounds=fit.hyperparameter_rounds,
                evaluations=fit.evaluations, vlb=fit.vlb, search=fit.search_message)
@@ -225,7 +225,7 @@ def main(argv=None):
             rows.append([r["task"], r["version"], r["cache"], "-", "-", "-", f"failed: {r['error']}", "-", "-"])
             continue
         result = {"a9a": lambda: f"acc {r['accuracy']:.4f}, NLPD {r['nlpd']:.4f}",
-                  "usps": lambda: f"error {r['error']:.4f}, NLPD {r['nlpd']:.4f}",
+                  "usps": lambda: f"error {r['test_error']:.4f}, NLPD {r['nlpd']:.4f}",
                   "kin40k": lambda: f"nMSE {r['nmse']:.4f}"}[r["task"]]()
         tgt = r.get("target_s")
         rows.append([r["task"], r["version"], r["cache"], f"{r['import_s']:.2f}", "-" if tgt is None else f"{tgt:.1f}",
