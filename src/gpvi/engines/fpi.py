@@ -121,9 +121,12 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
                 extras["stalled"] = True
                 break
             # the map does not contract here: L-BFGS on (m, chol V) still ascends
+            # its iterations go on fpi's clock; states are built for it only when a hook watches
+            relay = ({"on_state": lambda m, st, p, at=it: p.iteration > 0 and clock.tick(p.vlb, at + p.iteration, st)}
+                     if clock.watching else
+                     {"callback": lambda i, v, t, at=it: clock.tick(v, at + i) if i > 0 else None})
             res = _gradient.run(objective, state, tol=tol, tol_nats=tol_nats,
-                                max_iter=min(RESCUE_ITER, max_iter - it),
-                                on_state=lambda m, st, p, at=it: p.iteration > 0 and clock.tick(p.vlb, at + p.iteration, st))
+                                max_iter=min(RESCUE_ITER, max_iter - it), **relay)
             rescues.append((it, res.iterations, res.vlb - float(sums.vlb)))
             it += res.iterations
             state, gap = res.state, res.gap

@@ -133,6 +133,11 @@ def sparse_envelope_expected(model: SparseGP, chunks: Chunks, state: State):
     """``Σ E_i`` over ``chunks`` with ``q(u)`` held fixed over the inducing values (the data term
     of :func:`sparse_envelope`; a block-wise pass adds it up block by block)."""
     alpha, B, _ = _inducing_space(model, state)
+    return _expected_over_u(model, chunks, alpha, B)
+
+
+def _expected_over_u(model: SparseGP, chunks: Chunks, alpha, B):
+    """``Σ E_i`` with each row's marginal ``N(mean + k_iᵀ α, k_ii − k_iᵀ B k_i)``."""
     Z, lik = jnp.asarray(model.inducing), model.likelihood
 
     @jax.checkpoint
@@ -164,4 +169,5 @@ def sparse_envelope(model: SparseGP, chunks: Chunks, state: State):
     at the current parameters, held fixed).  One latent function; the data term is
     :func:`sparse_envelope_expected`, the prior term :func:`sparse_envelope_kl`.
     """
-    return sparse_envelope_expected(model, chunks, state) - sparse_envelope_kl(model, state)
+    alpha, B, kl = _inducing_space(model, state)  # once for both terms
+    return _expected_over_u(model, chunks, alpha, B) - kl
