@@ -128,7 +128,7 @@ def test_fpi_and_gradient_reach_the_same_vlb(lik):
 def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means(lik):
     """The coupled mean direction (CG on I − Σ A h Aᵀ) against a dense solve with the Hessian of
     the VLB in all Q×d means by automatic differentiation, and the gap's mean share ½ gᵀĤ⁻¹g."""
-    from gpvi.engines._common import coupled_target, precision_chol
+    from gpvi.engines._common import coupled_target, precision_and_inverse
     from gpvi.objective import expected_vlb
 
     X, y = _three_class(n=25)
@@ -148,15 +148,18 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     d_ref = np.linalg.solve(H, g)
     # the default: an inexact Newton step (CG to relative residual 1e-3), whose predicted gain
     # is a lower bound on the exact mean share ½ gᵀĤ⁻¹g, with an error of second order
-    d_def, share_def = obj.newton_direction(st, sums.grad, precision_chol(sums.S), sums.rows_h)
+    d_def, share_def = obj.newton_direction(st, sums.grad, precision_and_inverse(sums.S)[1], sums.rows_h)
     exact_share = 0.5 * g @ d_ref
     assert exact_share * (1 - 1e-5) <= float(share_def) <= exact_share * (1 + 1e-12), (share_def, exact_share)
     assert np.linalg.norm(np.asarray(d_def).reshape(-1) - d_ref) <= 1e-2 * np.linalg.norm(d_ref)
     # solved to 1e-12, with the rows' curvatures from the pass and recomputed
     obj = Objective(model, X, y, newton_rtol=1e-12)
-    RH, d, gap = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h)
+    RH, d, gap, RH_inv = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h)
+    # the inverse factors: RH⁻¹ RH = I in every block
+    for q in range(3):
+        np.testing.assert_allclose(np.asarray(RH_inv[q]) @ np.asarray(RH[q]), np.eye(25), atol=1e-10)
     np.testing.assert_allclose(np.asarray(d).reshape(-1), d_ref, rtol=1e-8, atol=1e-10 * np.abs(d_ref).max())
-    _, d2, _ = coupled_target(obj, st, sums.grad, sums.S)
+    _, d2, _, _ = coupled_target(obj, st, sums.grad, sums.S)
     np.testing.assert_allclose(np.asarray(d2), np.asarray(d), rtol=1e-10, atol=1e-12 * np.abs(d_ref).max())
     # the gap's covariance share is the per-latent one: remove it via the uncoupled estimate
     from gpvi.engines._common import estimated_gap

@@ -70,12 +70,12 @@ class Objective:
             raise ValueError(f"newton_rtol must be a number in (0, 1), got {newton_rtol!r}")
         self.newton_rtol = float(newton_rtol)
 
-    def newton_direction(self, state: State, grad, RH, rows_h=None):
+    def newton_direction(self, state: State, grad, RH_inv, rows_h=None):
         """The joint Newton direction of the means of all latent blocks and the gain it
-        predicts (see :func:`coupled_direction`); ``RH`` holds the per-latent precision
-        factors and ``rows_h`` the rows' curvatures from the sums at ``state`` (recomputed if
-        ``None``)."""
-        return coupled_direction(self.model, self.chunks, self.proj, state, grad, RH, rows_h,
+        predicts (see :func:`coupled_direction`); ``RH_inv`` holds the inverses of the
+        per-latent precision factors (:func:`gpvi.engines._common.precision_and_inverse`) and
+        ``rows_h`` the rows' curvatures from the sums at ``state`` (recomputed if ``None``)."""
+        return coupled_direction(self.model, self.chunks, self.proj, state, grad, RH_inv, rows_h,
                                   rtol=self.newton_rtol)
 
     # -- the three sums ------------------------------------------------------------------
