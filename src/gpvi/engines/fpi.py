@@ -172,6 +172,10 @@ MAX_RESCUES, RESCUE_ITER = 3, 300
 SLOW_RATIO, SLOW_RUN = 0.5, 4
 
 
+# Most extra Newton steps on the mean per iteration while its target is clipped (see _sequential_step).
+CLIPPED_NEWTON = 20
+
+
 def _stall_message(gain, gap, sums, rescues=()):
     H = np.eye(sums.S.shape[-1]) - np.asarray(sums.S)
     ev = np.sort(np.linalg.eigvalsh(0.5 * (H + np.swapaxes(H, -1, -2))).ravel())
@@ -192,6 +196,19 @@ def _sequential_step(mean_guard, cov_guard, state, sums, stop_below):
     out_m = mean_guard.step(state, sums, update_cov=False, stop_below=stop_below)
     if mean_guard.certified:
         return out_m
+    # While the curvature had to be clipped (some γ_i < 0: far from the optimum of a likelihood
+    # that is not log-concave), the mean goes on to convergence first, as in fpb: the clipped
+    # covariance target is only a heuristic until the residuals are small
+    for _ in range(CLIPPED_NEWTON):
+        if out_m is None or not mean_guard.target_clipped:
+            break
+        nxt = mean_guard.step(out_m[0], out_m[1], update_cov=False)
+        if nxt is None:
+            break
+        change = float(nxt[1].vlb) - float(out_m[1].vlb)
+        out_m = nxt[0], nxt[1], min(out_m[2], nxt[2])
+        if change <= 1e-6 * max(1.0, abs(float(nxt[1].vlb))):
+            break
     mid, mid_sums, alpha_m = (state, sums, 1.0) if out_m is None else out_m
     out_v = cov_guard.step(mid, mid_sums, update_mean=False)
     if out_v is None:
