@@ -36,7 +36,7 @@ PUBLIC_MODULES = (
     "gpvi", "gpvi.kernels", "gpvi.likelihoods", "gpvi.models", "gpvi.engines", "gpvi.objective", "gpvi.io",
     "gpvi.diagnostics", "gpvi.plots", "gpvi.metrics", "gpvi.priors", "gpvi.pointprocess", "gpvi.datasets",
     "gpvi.sklearn.estimators", "gpvi.data.sources", "gpvi.data.executors", "gpvi.data.stream", "gpvi.cli",
-    "gpvi.engines.dual", "gpvi.engines.fpb", "gpvi.engines.fpi", "gpvi.engines.gradient", "gpvi.engines.ivsgpr",
+    "gpvi.engines.auto", "gpvi.engines.dual", "gpvi.engines.fpb", "gpvi.engines.fpi", "gpvi.engines.gradient", "gpvi.engines.ivsgpr",
     "gpvi.engines.jj", "gpvi.engines.laplace", "gpvi.engines.sfp", "gpvi.engines.svi",
     "gpvi.likelihoods.montecarlo", "gpvi.likelihoods.softmax", "gpvi.likelihoods.warped",
     "gpvi.models.multilatent", "gpvi.sklearn.damping",

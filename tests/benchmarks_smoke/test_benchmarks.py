@@ -45,6 +45,18 @@ def test_engines_benchmark_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_benchmark_quick(tmp_path):
+    out = _run("auto.py", tmp_path)
+    assert len(out["cells"]) == 7
+    for cell in out["cells"]:
+        assert cell["converged"]["auto"] and cell["auto_engine"] == "fpi", cell["cell"]
+        assert cell["reason"].startswith("engine='auto' chose 'fpi'"), cell["cell"]
+        # every certified run ends within the default tolerance (1e-6 relative) of the best VLB
+        tol = 1e-6 * max(1.0, abs(cell["best_vlb"]))
+        assert all(gap <= tol for e, gap in cell["vlb_below_best"].items() if cell["converged"][e]), cell
+
+
+@pytest.mark.slow
 def test_scale_benchmark_quick(tmp_path):
     out = _run("scale.py", tmp_path)
     assert all(run["converged"] for run in out["runs"])

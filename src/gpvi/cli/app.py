@@ -128,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "full GP, Bayesian GLM")
     from gpvi import engines
 
-    f.add_argument("-e", "--engine", type=_choice("engine", engines.names()), default=None, metavar="ENGINE",
-                   help="inference engine: " + ", ".join(engines.names()) + " (default fpi; sfp with --stream, "
+    f.add_argument("-e", "--engine", type=_choice("engine", engines.names() + [engines.auto.AUTO]), default=None,
+                   metavar="ENGINE",
+                   help="inference engine: " + ", ".join(engines.names()) + ", or auto (the certified engine "
+                        "measured fastest for the model) (default fpi; sfp with --stream, "
                         "which takes " + ", ".join(engines.names(streams=True)) + ")")
     f.add_argument("-M", "--inducing", type=int, metavar="M",
                    help="inducing inputs of the sparse GP (default min(200, distinct rows)), placed by k-means; "

@@ -53,7 +53,7 @@ def cmd_fit(args) -> int:
         args.likelihood = lik_name
         if not args.quiet:
             print(f"gpvi fit: no --likelihood given: {why}", flush=True)
-    if lik_name == "softmax" and args.engine not in MULTI_LATENT_ENGINES:
+    if lik_name == "softmax" and args.engine not in MULTI_LATENT_ENGINES + ("auto",):
         raise UsageError(f"--likelihood softmax (one latent GP per class) runs on --engine "
                          f"{' or '.join(MULTI_LATENT_ENGINES)}, not {args.engine}")
     y, labels = encode_target(table, target, lik_name, split(args.levels), args.positive)

@@ -20,8 +20,11 @@ is callable like its ``run``); :func:`register` adds one.  The engines gpvi ship
 ``sfp``        stochastic fixed point: natural-parameter averaging over minibatches
 ``svi``        minibatch AdaDelta/Adam on (m, chol V[, θ]) (Hensman et al. 2015)
 =============  ==================================================================
+
+``engine="auto"`` (:func:`gpvi.engines.auto.choose`) picks the certified engine measured fastest
+for the model's kind and says why in ``FitResult.extras["engine_choice"]``.
 """
-from gpvi.engines import dual, fpb, fpi, gradient, ivsgpr, jj, laplace, sfp, svi
+from gpvi.engines import auto, dual, fpb, fpi, gradient, ivsgpr, jj, laplace, sfp, svi
 from gpvi.engines._common import STOPPED, EngineResult, Progress
 from gpvi.engines.registry import REGISTRY, Engine, get, names, register, unregister
 
@@ -34,4 +37,4 @@ for _engine in jj.ENGINES:
 ENGINES = REGISTRY
 
 __all__ = ["ENGINES", "Engine", "EngineResult", "Progress", "STOPPED", "register", "unregister", "get", "names",
-           "dual", "fpb", "fpi", "gradient", "ivsgpr", "jj", "laplace", "sfp", "svi"]
+           "auto", "dual", "fpb", "fpi", "gradient", "ivsgpr", "jj", "laplace", "sfp", "svi"]

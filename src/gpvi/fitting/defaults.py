@@ -323,7 +323,8 @@ def hyperprior(spec, model, likelihood, D: int, *, engine: str = "fpi", learn=Tr
         return None
     if isinstance(spec, dict):
         return spec
-    if not standardised or _engines.get(engine).hyperparameters != "profile":
+    eng = _engines.auto.choose(model).engine if engine == _engines.auto.AUTO else _engines.get(engine)
+    if not standardised or eng.hyperparameters != "profile":
         return None
     return priors.weak(model, noise=_is_regression(likelihood), dimensions=D)
 

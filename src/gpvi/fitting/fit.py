@@ -49,7 +49,10 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         ``"fpb"``, ``"gradient"``, ``"dual"`` (Gaussian, Poisson and Bernoulli likelihoods),
         ``"laplace"``, the Jaakkola-Jordan/Taylor engines ``"jj"``, ``"taylor"``, ``"jj-hybrid"``,
         ``"jj-full"`` or the stochastic ``"svi"``, ``"sfp"``, ``"ivsgpr"`` (see :mod:`gpvi.engines`;
-        its record decides how the hyperparameters are learned, see :mod:`gpvi.fitting.hyper`).
+        its record decides how the hyperparameters are learned, see :mod:`gpvi.fitting.hyper`),
+        or ``"auto"``: the certified engine measured fastest for the model's kind
+        (:func:`gpvi.engines.auto.choose`; today ``fpi`` for every kind), named in
+        ``FitResult.engine`` with the reason in ``FitResult.extras["engine_choice"]``.
     learn_hyperparameters : False, True (all learnable parameters, see
         :func:`learnable_parameters`), one dotted name such as ``"kernel.variance"`` or a list
         of them such as ``["kernel.lengthscale", "likelihood.variance"]``.  A ``*`` segment
@@ -210,6 +213,8 @@ def _jitter(model, prior) -> float:
 def _extras(problem: Problem, outcome: hyper.Outcome) -> dict:
     """The last engine run's extras, with ``log_prior`` (log p(θ) at the learned θ) under a hyperprior."""
     extras = dict(outcome.res.extras)
+    if problem.engine_choice:
+        extras["engine_choice"] = problem.engine_choice
     if problem.hyperprior and problem.learn is not False:
         names = problem.learned_names(outcome.model)
         extras["log_prior"] = LogPrior(outcome.model, names, problem.hyperprior)(

@@ -137,6 +137,9 @@ class FitResult:
         lines = [f"{type(self).__name__}: {self.model.describe()}",
                  f"likelihood: {_describe_likelihood(self.model.likelihood)}"]
         lines.append(f"engine: {self.engine}; converged: {self.converged}; seconds: {self.seconds:.3g}")
+        choice = self.extras.get("engine_choice") if isinstance(self.extras, dict) else None
+        if choice:
+            lines.append(f"engine choice: {_clip(str(choice))}")
         if self.message:
             lines.append(f"engine message: {_clip(self.message)}")
         log_prior = self.extras.get("log_prior") if isinstance(self.extras, dict) else None

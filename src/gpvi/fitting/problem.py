@@ -58,6 +58,8 @@ class Problem:
     chunk_size: int
     cache_bytes: int
     hyperprior: dict = dataclasses.field(default_factory=dict)
+    #: why ``engine="auto"`` chose :attr:`engine` (empty when the engine was named)
+    engine_choice: str = ""
 
     def learned_names(self, model: Model | None = None) -> list[str]:
         """The dotted names learned for ``model`` (default: the problem's)."""
@@ -69,12 +71,17 @@ def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol,
              executor, hyperprior=None) -> Problem:
     """Check :func:`gpvi.fit`'s arguments (all but ``posterior``, ``components``, ``progress`` and
     ``callback``) and initialise the model on the data; a ``ValueError`` for the first wrong one."""
-    eng = _engines.get(engine)  # a ValueError listing the registered engines
-    engine = eng.name
     if not isinstance(model, Model):
         raise ValueError(f"model must be a gpvi GLM, GP or SparseGP, got {type(model).__name__}")
     if model.likelihood is None:
         raise ValueError("model has no likelihood")
+    choice = ""
+    if isinstance(engine, str) and engine == _engines.auto.AUTO:
+        picked = _engines.auto.choose(model, blockwise=isinstance(X, Source) or executor is not None)
+        eng, choice = picked.engine, picked.reason
+    else:
+        eng = _engines.get(engine)  # a ValueError listing the registered engines
+    engine = eng.name
     if not (tol > 0):
         raise ValueError(f"tol must be positive, got {tol}")
     if tol_nats is not None and not (isinstance(tol_nats, (int, float, np.number)) and tol_nats >= 0
@@ -153,7 +160,7 @@ def validate(model, X, y, *, engine, learn_hyperparameters, learn_inducing, tol,
     return Problem(model=model, X=X, y=y, offset=offset, engine=eng, learn=learn, learn_inducing=bool(learn_inducing),
                    init=init, d=d, Q=Q, options=options, subset=subset, source=source, plan=plan, tol=tol,
                    tol_nats=tol_nats, max_iter=max_iter, max_rounds=max_rounds, chunk_size=chunk_size,
-                   cache_bytes=cache_bytes, hyperprior=hyperprior)
+                   cache_bytes=cache_bytes, hyperprior=hyperprior, engine_choice=choice)
 
 
 def check_learn(model: Model, learn_hyperparameters):
