@@ -1,4 +1,5 @@
 """The chunked data sums against a dense NumPy computation."""
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -174,6 +175,80 @@ def test_full_gp_training_projection_matches_dense_numpy(rng):
     rec = gpvi.Objective(model, X, y, chunk_size=128, cache_bytes=0)
     assert not rec.cached
     _same_sums(rec.sums(gpvi.State(m, C)), sums)
+
+
+def test_trimmed_triangular_blocks_give_the_dense_products(rng):
+    # Row blocks of an upper-triangular At cut to their trailing columns (trim_triangular): every
+    # block helper gives what it gives on the untrimmed blocks, against NumPy on the dense At
+    # (d = 50 weights, n = 57 columns: 7 padding columns after the 50 triangular ones).
+    from gpvi.objective import (assemble_gram, assemble_rows, block_gram, block_matvec, block_sum_squares,
+                                block_vecmat, marginals_stacked, split_rows, stacked_state, trim_triangular)
+
+    d, n, k = 50, 57, 3
+    At = np.triu(rng.normal(size=(d, d)))
+    At = np.concatenate([At, np.outer(At[:, 0], np.ones(n - d))], axis=1)  # padding: copies of column 0
+    dense = split_rows(jnp.asarray(At), k)
+    trim = trim_triangular(dense)
+    assert [a.shape[-1] for a in trim] == [n, n - 17, n - 33] and all(
+        np.all(np.asarray(a)[:, :n - t.shape[-1]] == 0) for a, t in zip(dense, trim))
+    w, r, u = rng.normal(size=n), rng.normal(size=n), rng.normal(size=d)
+    m = rng.normal(size=d)
+    C = np.linalg.cholesky(np.eye(d) + 0.1 * np.ones((d, d)))
+    W = stacked_state(gpvi.State(jnp.asarray(m), jnp.asarray(C)))
+    b, c, off = rng.normal(size=n), rng.uniform(size=n), rng.normal(size=n)
+    np.testing.assert_array_equal(np.asarray(assemble_rows(trim)), At)
+    for blocks in (dense, trim):
+        np.testing.assert_allclose(np.asarray(block_matvec(blocks, jnp.asarray(r))), At @ r, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(block_vecmat(jnp.asarray(u), blocks)), u @ At, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(block_sum_squares(blocks)), np.sum(At**2, 0), rtol=1e-12)
+        P, Ar = block_gram(blocks, jnp.asarray(w), jnp.asarray(r))
+        np.testing.assert_allclose(np.asarray(assemble_gram(P, k)), (At * w) @ At.T, rtol=1e-10, atol=1e-10)
+        np.testing.assert_allclose(np.asarray(Ar), At @ r, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(assemble_gram(block_gram(blocks, jnp.asarray(w)), k)),
+                                   (At * w) @ At.T, rtol=1e-10, atol=1e-10)
+        mi, vi = marginals_stacked(blocks, jnp.asarray(b), jnp.asarray(c), jnp.asarray(off), W)
+        np.testing.assert_allclose(np.asarray(mi), m @ At + b + off, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(np.asarray(vi), c + np.einsum("ji,jk,ki->i", At, C @ C.T, At), rtol=1e-11)
+
+
+def test_full_gp_in_one_chunk_keeps_trimmed_blocks_with_the_dense_sums(rng):
+    # One chunk of a full GP, three row blocks: the objective keeps them trimmed (the zeros of
+    # Lᵀ before each block's first row are not stored), and its sums are the dense NumPy ones.
+    from scipy.special import gammaln
+
+    N = 90
+    X = rng.uniform(-2, 2, (N, 2))
+    y = rng.poisson(2.0, size=N)
+    k = gpvi.kernels.RBF(variance=0.8, lengthscale=0.5)
+    model = gpvi.GP(k, L.Poisson(), mean=0.3)
+    obj = gpvi.Objective(model, X, y, blocks=3)
+    A = obj.proj[0]
+    assert len(A) == 3 and A[0].shape[-1] > A[1].shape[-1] > A[2].shape[-1]
+    m = rng.normal(size=N) * 0.3
+    B = rng.normal(size=(N, N)) / np.sqrt(N)
+    C = np.linalg.cholesky(0.4 * np.eye(N) + 0.1 * B @ B.T)
+    sums = obj.sums(gpvi.State(m, C))
+    K = np.asarray(k(X, X))
+    Lk = np.linalg.cholesky(K + 1e-8 * np.mean(np.diag(K)) * np.eye(N))
+    V = C @ C.T
+    mi = Lk @ m + 0.3
+    vi = np.einsum("ij,jk,ik->i", Lk, V, Lk)
+    lam = -np.exp(mi + vi / 2)
+    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
+    kl = 0.5 * (np.trace(V) + m @ m - N - np.linalg.slogdet(V)[1])
+    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-11)
+    np.testing.assert_allclose(np.asarray(sums.grad), Lk.T @ (y + lam) - m, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(sums.S), (Lk * lam[:, None]).T @ Lk, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(sums.trSV), np.sum(lam * vi), rtol=1e-10)
+    # every engine that reads the projections ends where it ends on the untrimmed single block
+    one = gpvi.Objective(model, X, y, blocks=1)
+    assert one.proj[0][0].shape[-1] == A[0].shape[-1]
+    for engine in ("fpi", "fpb", "gradient", "dual", "laplace"):
+        run = gpvi.engines.get(engine)
+        a = run(obj, gpvi.prior_state(N), tol=1e-10, max_iter=3000)
+        b = run(one, gpvi.prior_state(N), tol=1e-10, max_iter=3000)
+        assert abs(a.vlb - b.vlb) <= 1e-9 * abs(b.vlb), (engine, a.vlb, b.vlb)
+        np.testing.assert_allclose(np.asarray(a.state.mean), np.asarray(b.state.mean), rtol=1e-6, atol=1e-7)
 
 
 def test_multilatent_full_gp_training_projection_matches_recomputed(rng):

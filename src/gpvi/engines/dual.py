@@ -61,7 +61,7 @@ from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln
 
 from gpvi.likelihoods import Bernoulli, Gaussian, Poisson
-from gpvi.objective import Objective, State, marginals_stacked, stacked_state, assemble_gram, block_gram, block_sum_squares, block_vecmat, chunk_projection, zero_gram
+from gpvi.objective import Objective, State, assemble_rows, marginals_stacked, stacked_state, assemble_gram, block_gram, block_sum_squares, block_vecmat, chunk_projection, zero_gram
 from gpvi.likelihoods.quadrature import gauss_hermite
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start, final_gap, gap_threshold, state_from_precision_chol
@@ -338,7 +338,7 @@ def _dual(model, prior, chunks, proj, alpha, gamma, cached, blocks, kind, dim0):
     def pass2(_, xs):
         ch, pr = xs
         A, b, c = chunk_projection(model, prior, ch, pr, cached, blocks)
-        W = solve_triangular(R, jnp.concatenate(A) if blocks > 1 else A[0], lower=True)
+        W = solve_triangular(R, assemble_rows(A), lower=True)
         return None, (block_vecmat(m, A) + b + ch.offset, c + jnp.sum(W**2, axis=0))
 
     _, (mi, vi) = jax.lax.scan(pass2, None, (chunks, proj))

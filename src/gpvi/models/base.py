@@ -247,6 +247,13 @@ class Model(Module):
         with no solve).  ``None`` where the model has none (the default)."""
         return None
 
+    def triangular_training_projection(self) -> bool:
+        """Whether :meth:`training_projection`'s ``At`` is upper triangular in its leading columns
+        (row k zero in the columns of the training rows before row k), so that the objective may
+        keep its row blocks cut to their trailing columns
+        (:func:`gpvi.objective.blocks.trim_triangular`).  False by default."""
+        return False
+
     def conditional_cov(self, cache, X, At):
         """``K_** − AᵀA`` (n, n): the prior covariance of the latent at ``X`` (n, D) that the
         weights leave, given ``At = project(cache, X)[0]``; the full-covariance counterpart of
@@ -430,6 +437,10 @@ class GP(Model):
         X, L, _ = cache
         N = X.shape[0]
         return L.T, jnp.full(N, self.mean, L.dtype), jnp.zeros(N, L.dtype)
+
+    def triangular_training_projection(self) -> bool:
+        """``At = Lᵀ`` is upper triangular."""
+        return True
 
     def conditional_cov(self, cache, X, At):
         nugget = cache[2]

@@ -146,6 +146,9 @@ class MultiLatent(Model):
             return None
         return tuple(jnp.stack(t) for t in zip(*parts))
 
+    def triangular_training_projection(self) -> bool:
+        return all(l.triangular_training_projection() for l in self.latents)
+
     def pass_cache(self, cache):
         return tuple(l.pass_cache(pc) for l, pc in zip(self.latents, cache))
 

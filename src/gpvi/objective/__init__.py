@@ -28,9 +28,10 @@ from gpvi.objective.state import (Chunks, DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, St
                                   per_latent, prior_state)
 from gpvi.objective.chunks import (MULTI_LATENT_BUCKET_MAX, as_device_array, bucketable, chunk_setup, make_chunks,
                                    pads_rows, prior_inputs, training_chunks)
-from gpvi.objective.blocks import (assemble_gram, block_edges, block_gram, block_matvec, block_sum_squares,
+from gpvi.objective.blocks import (assemble_gram, assemble_rows, block_edges, block_gram, block_matvec, block_sum_squares,
                                    block_vecmat, chunk_projection, marginals_stacked, num_blocks, pass_projection,
-                                   raw_marginals, raw_operator, split_gram, split_rows, stacked_state, zero_gram)
+                                   raw_marginals, raw_operator, split_gram, split_rows, stacked_state, trim_triangular,
+                                   zero_gram)
 from gpvi.objective.passes import (add_partials, all_finite, data_pass, data_sums, expected_pass, expected_vlb,
                                    finish_sums, latent_moments_of_rows)
 from gpvi.objective.newton import coupled_direction

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpvi.models.base import GLM, SparseGP
 from gpvi.objective.state import Chunks, DEFAULT_CHUNK
-from gpvi.objective.blocks import split_rows
+from gpvi.objective.blocks import trim_triangular, split_rows
 from gpvi.objective.passes import all_finite
 
 
@@ -81,7 +81,12 @@ def training_chunks(model, prior, X, chunk_X, blocks):
     N, (C, n) = X.shape[0], chunk_X.shape[:2]
     idx = np.concatenate([np.arange(N), np.zeros(C * n - N, int)]).reshape(C, n)
     At, b, c = (jnp.moveaxis(t[..., idx], -2, 0) for t in train)
-    return split_rows(At, blocks), b, c
+    rows = split_rows(At, blocks)
+    if C == 1 and blocks > 1 and model.triangular_training_projection():
+        # one chunk holding the rows in order (padding after them): row block j is zero before
+        # column e_j, and the passes skip those zeros (gpvi.objective.blocks.trim_triangular)
+        rows = trim_triangular(rows)
+    return rows, b, c
 
 
 def as_device_array(X) -> jax.Array:
