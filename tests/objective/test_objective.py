@@ -2,6 +2,7 @@
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from scipy.special import gammaln
 
 import gpvi
 from gpvi import likelihoods as L
@@ -28,7 +29,6 @@ def test_sums_match_dense_numpy(rng, d, blocks, cached):
     A = np.sqrt(0.7) * X
     mi = A @ m
     vi = np.einsum("ij,jk,ik->i", A, C @ C.T, A)
-    from scipy.special import gammaln
     E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
     lam = -np.exp(mi + vi / 2)
     rho = y + lam
@@ -53,8 +53,6 @@ def test_recomputed_sparse_gp_sums_in_raw_features_match_dense_numpy(rng, blocks
     # ~1e-10, S ~4e-9 relative, against ~1e-12 for the per-chunk projections); the tolerances
     # below allow that and no more.
     from scipy.linalg import solve_triangular
-    from scipy.special import gammaln
-
     N, M = 257, 24
     X = rng.uniform(-2, 2, (N, 2))
     Z = np.concatenate([X[:12], X[:12] + 0.05 * rng.normal(size=(12, 2))])
@@ -143,13 +141,29 @@ def test_unfactorisable_prior_raises_a_clear_error(rng):
             gpvi.Objective(model.initialise(X), X, y)
 
 
+def _check_dense_poisson_sums(sums, kernel, X, y, m, C, mean):
+    """The sums of a full Poisson GP at ``State(m, C)`` against NumPy with ``a_i`` = row i of the
+    jittered Cholesky factor of K(X, X); returns the rows' ``λ_i`` and ``a_iᵀ V a_i``."""
+    N = X.shape[0]
+    K = np.asarray(kernel(X, X))
+    Lk = np.linalg.cholesky(K + 1e-8 * np.mean(np.diag(K)) * np.eye(N))
+    V = C @ C.T
+    mi = Lk @ m + mean
+    vi = np.einsum("ij,jk,ik->i", Lk, V, Lk)
+    lam = -np.exp(mi + vi / 2)
+    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
+    kl = 0.5 * (np.trace(V) + m @ m - N - np.linalg.slogdet(V)[1])
+    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-11)
+    np.testing.assert_allclose(np.asarray(sums.grad), Lk.T @ (y + lam) - m, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(sums.S), (Lk * lam[:, None]).T @ Lk, rtol=1e-9, atol=1e-9)
+    return lam, vi
+
+
 def test_full_gp_training_projection_matches_dense_numpy(rng):
     # A full GP's cached projections of its own training rows are gathered from Lᵀ
     # (GP.training_projection), chunks padded with copies of row 0; against the dense
     # computation with a_i = row i of L, and against projections recomputed per chunk by the
     # triangular solve L⁻¹ K(X, x_i) (cache_bytes=0).
-    from scipy.special import gammaln
-
     N = 301
     X = rng.uniform(-2, 2, (N, 2))
     y = rng.poisson(2.0, size=N)
@@ -161,17 +175,7 @@ def test_full_gp_training_projection_matches_dense_numpy(rng):
     B = rng.normal(size=(N, N)) / np.sqrt(N)
     C = np.linalg.cholesky(0.4 * np.eye(N) + 0.1 * B @ B.T)
     sums = obj.sums(gpvi.State(m, C))
-    K = np.asarray(k(X, X))
-    Lk = np.linalg.cholesky(K + 1e-8 * np.mean(np.diag(K)) * np.eye(N))
-    V = C @ C.T
-    mi = Lk @ m + 0.3
-    vi = np.einsum("ij,jk,ik->i", Lk, V, Lk)
-    lam = -np.exp(mi + vi / 2)
-    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
-    kl = 0.5 * (np.trace(V) + m @ m - N - np.linalg.slogdet(V)[1])
-    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-11)
-    np.testing.assert_allclose(np.asarray(sums.grad), Lk.T @ (y + lam) - m, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(np.asarray(sums.S), (Lk * lam[:, None]).T @ Lk, rtol=1e-9, atol=1e-9)
+    _check_dense_poisson_sums(sums, k, X, y, m, C, mean=0.3)
     rec = gpvi.Objective(model, X, y, chunk_size=128, cache_bytes=0)
     assert not rec.cached
     _same_sums(rec.sums(gpvi.State(m, C)), sums)
@@ -214,8 +218,6 @@ def test_trimmed_triangular_blocks_give_the_dense_products(rng):
 def test_full_gp_in_one_chunk_keeps_trimmed_blocks_with_the_dense_sums(rng):
     # One chunk of a full GP, three row blocks: the objective keeps them trimmed (the zeros of
     # Lᵀ before each block's first row are not stored), and its sums are the dense NumPy ones.
-    from scipy.special import gammaln
-
     N = 90
     X = rng.uniform(-2, 2, (N, 2))
     y = rng.poisson(2.0, size=N)
@@ -228,17 +230,7 @@ def test_full_gp_in_one_chunk_keeps_trimmed_blocks_with_the_dense_sums(rng):
     B = rng.normal(size=(N, N)) / np.sqrt(N)
     C = np.linalg.cholesky(0.4 * np.eye(N) + 0.1 * B @ B.T)
     sums = obj.sums(gpvi.State(m, C))
-    K = np.asarray(k(X, X))
-    Lk = np.linalg.cholesky(K + 1e-8 * np.mean(np.diag(K)) * np.eye(N))
-    V = C @ C.T
-    mi = Lk @ m + 0.3
-    vi = np.einsum("ij,jk,ik->i", Lk, V, Lk)
-    lam = -np.exp(mi + vi / 2)
-    E = y * mi - np.exp(mi + vi / 2) - gammaln(y + 1)
-    kl = 0.5 * (np.trace(V) + m @ m - N - np.linalg.slogdet(V)[1])
-    np.testing.assert_allclose(float(sums.vlb), E.sum() - kl, rtol=1e-11)
-    np.testing.assert_allclose(np.asarray(sums.grad), Lk.T @ (y + lam) - m, rtol=1e-9, atol=1e-9)
-    np.testing.assert_allclose(np.asarray(sums.S), (Lk * lam[:, None]).T @ Lk, rtol=1e-9, atol=1e-9)
+    lam, vi = _check_dense_poisson_sums(sums, k, X, y, m, C, mean=0.3)
     np.testing.assert_allclose(np.asarray(sums.trSV), np.sum(lam * vi), rtol=1e-10)
     # every engine that reads the projections ends where it ends on the untrimmed single block
     one = gpvi.Objective(model, X, y, blocks=1)
