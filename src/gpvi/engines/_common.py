@@ -457,7 +457,8 @@ class SafeguardedAscent:
         self.hold_after_damping = False
         self._held = HOLD_STEPS
         self.certified = False  # the last step() stopped because that gap was small enough
-        # whether the last target used γ clipped at 0 (its step size is not the unclipped map's)
+        # whether the last target fell back to γ clipped at 0 (clip_gamma="auto": its step size is
+        # not the unclipped map's)
         self.target_clipped = False
 
     def _target(self, state: State, sums: Sums, alpha, update_mean, update_cov):
@@ -467,8 +468,9 @@ class SafeguardedAscent:
         Records :func:`estimated_gap` at ``state`` in ``self.gap``."""
         if self.clip_gamma == "always":
             # Sheth & Khardon (2016, §4): every γ_i < 0 is replaced by 0 in every step.
+            # (every target is the clipped map here: the usual step-size rules apply, not the
+            # special handling of a clipped target between unclipped ones)
             self.clipped += 1
-            self.target_clipped = True
             self.gap = float(estimated_gap(state, sums.grad, sums.S, sums.trSV)[0])
             return precision_chol(self.objective.sums(state, clip_gamma=True).S), None, alpha
         was_clipped, self.target_clipped = self.target_clipped, False
