@@ -259,6 +259,11 @@ class Stationary(Kernel):
     ``lengthscale`` is a scalar (isotropic) or a length-D vector (ARD).
     """
 
+    #: Whether the profile is smooth at distance 0 (its derivative in ``d2`` is finite there),
+    #: so the squared distances may be differentiated through matrix products (see
+    #: :func:`_column_sqdist`); Matérn kernels take ``sqrt(d2)`` and need the exact tangent.
+    _smooth_profile = False
+
     def _scaled_sqdist(self, X1, X2):
         ls = jnp.asarray(self.lengthscale)
         if ls.ndim == 1 and ls.shape[0] != X1.shape[1]:
@@ -271,7 +276,8 @@ class Stationary(Kernel):
             # Few columns: sum exact squared differences column by column (a loop over
             # columns, not data).  No cancellation, so d2 is exactly 0 for equal inputs,
             # which matters for kernels with sqrt(d2) (Matérn) near zero distance.
-            d2 = sum((A[:, k, None] - B[None, :, k]) ** 2 for k in range(A.shape[1]))
+            d2 = (_column_sqdist(A, B) if self._smooth_profile else
+                  sum((A[:, k, None] - B[None, :, k]) ** 2 for k in range(A.shape[1])))
         else:
             # Many columns: |a-b|² = |a|² + |b|² − 2ab as one matrix product, centred on the
             # first argument's mean because the expansion loses precision far from the origin.
@@ -285,6 +291,31 @@ class Stationary(Kernel):
 
     def _K(self, X1, X2):
         return self.variance * self._profile(self._scaled_sqdist(X1, X2))
+
+
+@jax.custom_jvp
+def _column_sqdist(A, B):
+    """``Σ_k (A_ik − B_jk)²`` (N1, N2), summed column by column (a loop over columns, not data):
+    exact, and exactly 0 for equal rows.
+
+    Its derivatives are matrix products: the tangent ``2 Σ_k (a_ik − b_jk)(ȧ_ik − ḃ_jk)`` is
+    ``2 (a_i·ȧ_i − ȧ_i·b_j − a_i·ḃ_j + b_j·ḃ_j)``, so reverse mode transposes two (N1, D)·(D, N2)
+    products instead of the loop (at N1 = 512, N2 = 2048, D = 8 the loop's gradient took 65 ms
+    against 6.6 ms for the values).  The expanded tangent is not exactly 0 at equal rows (its
+    rounding error is ~ε|a|·|ȧ|, after centring on A's mean), so only kernels whose profile is
+    smooth at 0 use it (``_smooth_profile``)."""
+    return sum((A[:, k, None] - B[None, :, k]) ** 2 for k in range(A.shape[1]))
+
+
+@_column_sqdist.defjvp
+def _column_sqdist_jvp(primals, tangents):
+    A, B = primals
+    dA, dB = tangents
+    c = jax.lax.stop_gradient(jnp.mean(A, axis=0))  # distances are shift invariant; centring keeps
+    Ac, Bc = A - c, B - c                            # the products' terms near the result's size
+    dot = (2.0 * jnp.sum(Ac * dA, 1)[:, None] - 2.0 * dA @ Bc.T
+           - 2.0 * Ac @ dB.T + 2.0 * jnp.sum(Bc * dB, 1)[None, :])
+    return _column_sqdist(A, B), dot
 
 
 def _safe_sqrt(d2):
@@ -308,6 +339,8 @@ class RBF(Stationary):
 
     variance: object = _positional(param("positive", 1.0, shape="scalar"))
     lengthscale: object = _positional(param("positive", 1.0, shape="scalar_or_vector"))
+
+    _smooth_profile = True
 
     def _profile(self, d2):
         return jnp.exp(-0.5 * d2)
@@ -637,6 +670,8 @@ class RationalQuadratic(Stationary):
     variance: object = _positional(param("positive", 1.0, shape="scalar"))
     lengthscale: object = _positional(param("positive", 1.0, shape="scalar_or_vector"))
     alpha: object = _positional(param("positive", 1.0, shape="scalar"))
+
+    _smooth_profile = True
 
     def _profile(self, d2):
         # (1 + d2/2α)^(−α) as exp(−α log1p(·)): exact for small d2 and α of any size

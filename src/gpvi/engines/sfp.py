@@ -39,7 +39,11 @@ import numpy as np
 import optax
 
 from gpvi._module import flatten_params, unflatten_params
+from gpvi.models.base import factored, kl_standard_normal
 from gpvi.objective import DEFAULT_CHUNK, Objective, State, minibatch_projection, minibatch_sums, minibatch_vlb, num_blocks
+from gpvi.objective.blocks import raw_moments, split_rows
+from gpvi.objective.minibatch import raw_expected_log_prob
+from gpvi.objective.state import is_batched
 from gpvi.engines.registry import Engine
 from gpvi.data.stream import StreamObjective
 from gpvi.engines._common import natural_step, precision_chol, tri_inv
@@ -133,13 +137,18 @@ def _neg_bound(theta, model, batch, state, scale, blocks):
 _ADAM = optax.scale_by_adam()
 
 
-@partial(jax.jit, static_argnames=("opt", "blocks"))
-def _hyper_step(theta, opt_state, model, batch, state, scale, rate, opt, blocks):
-    g = jax.grad(_neg_bound)(theta, model, batch, state, scale, blocks)
+def _adam_update(theta, opt_state, g, rate, opt):
+    """Adam's step of size ``rate`` down the gradient ``g``; and whether the new θ is finite."""
     upd, opt_state = opt.update(g, opt_state, theta)
     new = jax.tree_util.tree_map(lambda p, u: p - rate * u, theta, upd)
     ok = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree_util.tree_leaves(new)]))
     return new, opt_state, ok
+
+
+@partial(jax.jit, static_argnames=("opt", "blocks"))
+def _hyper_step(theta, opt_state, model, batch, state, scale, rate, opt, blocks):
+    g = jax.grad(_neg_bound)(theta, model, batch, state, scale, blocks)
+    return _adam_update(theta, opt_state, g, rate, opt)
 
 
 _prior = jax.jit(lambda model, X: model.prior_cache(X))
@@ -153,16 +162,17 @@ def _batch_bound(model, prior, batch, state, scale, blocks):
 
 
 @partial(jax.jit, static_argnames=("blocks", "safeguard"))
-def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pcache=None):
+def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pcache=None, proj=None):
     """The usual step in one compiled call (one host round trip): the scaled sums at ``state``,
     the factor of ``I − Ŝ``, the proposal at ``gamma`` and, with ``safeguard``, the batch's bound
     at the proposal; plus whether ``I − Ŝ`` was positive definite and the proposal finite.
     ``pcache`` (``model.pass_cache(prior)``, made here when None) is kept across steps while the
     hyperparameters are fixed: for a sparse GP it is ``L⁻¹``, whose triangular solve per step
-    took a fifth of the step (M = 300, B = 4096)."""
+    took a fifth of the step (M = 300, B = 4096).  ``proj``: the batch's projections, when the
+    caller has them."""
     # a batch of one chunk shares its projections between both states (one kernel pass)
-    proj = (minibatch_projection(model, prior, batch, blocks, pcache)
-            if batch.mask.shape[0] <= DEFAULT_CHUNK else None)
+    if proj is None and batch.mask.shape[0] <= DEFAULT_CHUNK:
+        proj = minibatch_projection(model, prior, batch, blocks, pcache)
     sums = minibatch_sums(model, prior, batch, state, scale, blocks, proj=proj)
     RH = precision_chol(sums.S)
     new = natural_step(state, sums.grad, RH, gamma)
@@ -170,6 +180,47 @@ def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pca
     ok_H = jnp.all(jnp.isfinite(RH))
     finite = jnp.all(jnp.isfinite(new.mean)) & jnp.all(jnp.isfinite(new.chol))
     return sums, RH, new, v_new, ok_H, finite
+
+
+def _features(theta, base, X):
+    """What both halves of a learning step compute from θ: the prior cache, the pass cache
+    ``T`` and the batch's raw features ``(F, b, k)`` of a factored model."""
+    mdl = unflatten_params(base, theta)
+    prior = mdl.prior_cache(X)
+    return prior, mdl.pass_cache(prior), mdl.raw_features(X)
+
+
+@partial(jax.jit, static_argnames=("blocks", "safeguard", "opt"))
+def _fused_learning_step(theta, opt_state, base, batch, state, scale, gamma, rate, blocks, safeguard, opt):
+    """:func:`_fused_step` at the hyperparameters ``theta`` and, at its proposal,
+    :func:`_hyper_step`, in one compiled call (one host round trip instead of two).  The θ step
+    is taken whether or not the safeguard accepts the proposal; the caller keeps it only with
+    the proposal.
+
+    For a factored model with one latent and a batch of one chunk (a sparse GP), the two halves
+    share their work: the prior's factor and inverse and the batch's kernel features are
+    computed once (with their pullback to θ), and the bound at the proposal is computed once,
+    in the raw features (:func:`~gpvi.objective.minibatch.raw_expected_log_prob`), as both the
+    safeguard's test and the θ step's objective (M = 512, B = 2048: 0.154 → ~0.13 s a step)."""
+    mdl = unflatten_params(base, theta)
+    if not (factored(base) and not is_batched(state) and batch.mask.shape[0] <= DEFAULT_CHUNK):
+        step = _fused_step(mdl, mdl.prior_cache(None), batch, state, scale, gamma, blocks, safeguard)
+        return step, _hyper_step(theta, opt_state, base, batch, step[2], scale, rate, opt, blocks)
+    (prior, T, feats), pull = jax.vjp(lambda th: _features(th, base, batch.X), theta)
+    At, b, c = mdl.project_raw(T, *feats)
+    sums, RH, new, _, ok_H, finite = _fused_step(mdl, prior, batch, state, scale, gamma, blocks, False, T,
+                                                 proj=(split_rows(At, blocks), b, c))
+
+    def neg_bound(th, T_, feats_):
+        Tm, D = raw_moments(new, T_)
+        E = raw_expected_log_prob(unflatten_params(base, th).likelihood, batch, Tm, D, *feats_)
+        return kl_standard_normal(new.mean, new.chol) - scale * E
+
+    nb, (g_direct, g_T, g_feats) = jax.value_and_grad(neg_bound, argnums=(0, 1, 2))(theta, T, feats)
+    (g_pulled,) = pull((jnp.zeros_like(prior), g_T, g_feats))
+    g = jax.tree_util.tree_map(jnp.add, g_direct, g_pulled)
+    v_new = -nb if safeguard else jnp.zeros(())
+    return (sums, RH, new, v_new, ok_H, finite), _adam_update(theta, opt_state, g, rate, opt)
 
 
 # The safeguard halves γ at most this many times per step before giving the step up.
@@ -243,17 +294,23 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
     def step(chunk, scale, t):
         n = t + 1  # the step's number: schedules count steps from 1 (t is the number taken so far)
         st, mdl = box["state"], box["model"]
-        prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
         if not isinstance(sched, AdaptiveSchedule):
             gamma = _gamma_value(sched(n), n) * box["damp"]
-            sums, RH, new, v_new, ok_H, finite = _fused_step(mdl, prior, chunk, st, scale, gamma, blocks,
-                                                            safeguard, box["pcache"])
+            if names:  # the θ step at the proposal rides along (kept only if the proposal is)
+                (sums, RH, new, v_new, ok_H, finite), hyper = _fused_learning_step(
+                    box["theta"], box["opt_state"], model, chunk, st, scale, gamma, hyper_rate_at(gamma), blocks,
+                    safeguard, opt)
+            else:
+                sums, RH, new, v_new, ok_H, finite = _fused_step(mdl, box["prior"], chunk, st, scale, gamma, blocks,
+                                                                safeguard, box["pcache"])
+                hyper = None
             vlb, v_new, ok_H, finite = (float(x) for x in jax.device_get((sums.vlb, v_new, ok_H, finite)))
             if (ok_H and finite and np.isfinite(vlb)
                     and (not safeguard or (np.isfinite(v_new) and v_new >= vlb - 1e-10 * abs(vlb)))):
                 box["damp"] = min(1.0, 2.0 * box["damp"])
-                return accept(new, gamma, mdl, chunk, scale, sums)
-        else:
+                return accept(new, gamma, mdl, chunk, scale, sums, hyper)
+        prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
+        if isinstance(sched, AdaptiveSchedule):
             sums = minibatch_sums(mdl, prior, chunk, st, scale, blocks)
         # the slow path: adaptive γ, clipping, or a step the safeguard refused
         if isinstance(sched, AdaptiveSchedule):
@@ -284,10 +341,13 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
         box["damp"] = min(1.0, 2.0 * box["damp"]) if k == 0 else box["damp"] * 0.5 ** k
         return accept(new, gamma, mdl, chunk, scale, sums)
 
-    def accept(new, gamma, mdl, chunk, scale, sums):
+    def hyper_rate_at(gamma):
+        return hyper_rate * (gamma if hyper_decay else 1.0)
+
+    def accept(new, gamma, mdl, chunk, scale, sums, hyper=None):
         if names:
-            rate = hyper_rate * (gamma if hyper_decay else 1.0)
-            theta, ost, ok = _hyper_step(box["theta"], box["opt_state"], mdl, chunk, new, scale, rate, opt, blocks)
+            theta, ost, ok = hyper if hyper is not None else _hyper_step(
+                box["theta"], box["opt_state"], mdl, chunk, new, scale, hyper_rate_at(gamma), opt, blocks)
             if not bool(ok):
                 return None
             box["theta"], box["opt_state"] = theta, ost

@@ -241,6 +241,12 @@ class Model(Module):
         """
         raise NotImplementedError
 
+    def project_raw(self, pcache, F, b, k):
+        """:meth:`project_many`'s ``(At, b, c)`` from a chunk's :meth:`raw_features`, for a model
+        that has them: ``At = T F``, ``c = max(k − Σ_rows At², 0)`` with ``T = pcache``."""
+        At = pcache @ F
+        return At, b, jnp.maximum(k - jnp.sum(At**2, 0), 0.0)
+
     def training_projection(self, cache):
         """Optional: ``(At, b, c)`` of the training inputs the prior cache was built on, all
         rows at once, where that is cheaper than :meth:`project` on them (the full GP: ``At = Lᵀ``
@@ -376,10 +382,11 @@ class SparseGP(Model):
         return _lower_inverse(cache)
 
     def project_many(self, pcache, Xc):
-        Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)
-        At = _lower_matmul(pcache, Kzx)
-        c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
-        return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
+        return self.project_raw(pcache, *self.raw_features(Xc))
+
+    def project_raw(self, pcache, F, b, k):
+        At = _lower_matmul(pcache, F)  # pcache = L⁻¹ is lower triangular
+        return At, b, jnp.maximum(k - jnp.sum(At**2, 0), 0.0)
 
     def raw_features(self, Xc):
         Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)

@@ -3,6 +3,7 @@ triangular covariance factor and the upper half of the symmetric ``Σ λ_i a_i a
 from __future__ import annotations
 
 
+import jax
 import jax.numpy as jnp
 
 
@@ -189,21 +190,46 @@ def marginals_stacked(blocks, b, c, off, W):
     return m + b + off, c + v
 
 
-def raw_operator(state, T):
-    """``[Tᵀ m; D̃]`` (d+1, d), the state moved into the basis of the raw features ``F`` of a
-    factored model (``At = T F``, see :meth:`gpvi.models.Model.raw_features`), where ``D̃`` is the
-    lower triangle of ``D = Tᵀ(V − I)T`` (``V = chol cholᵀ``) with its diagonal halved, so that
-    ``fᵀ D f = 2 fᵀ D̃ f``.  Row 0 times a chunk's ``F`` gives the latent means; the variances are
-    ``c + a_iᵀ V a_i = k_i − |a_i|² + a_iᵀ V a_i = k_i + f_iᵀ D f_i`` (:func:`raw_marginals`).
+def raw_moments(state, T):
+    """``(Tᵀ m, D)`` with ``D = Tᵀ(V − I)T`` (d, d), symmetric: the state moved into the basis of
+    the raw features ``F`` of a factored model (``At = T F``, see
+    :meth:`gpvi.models.Model.raw_features`).  A latent's mean is ``(Tᵀm)ᵀ f_i + b_i`` and its
+    variance ``c + a_iᵀ V a_i = k_i − |a_i|² + a_iᵀ V a_i = k_i + f_iᵀ D f_i``.
 
     ``V − I`` is formed before the products, so its rounding error reaches a variance only as
     ``a_iᵀ E a_i ≤ ε|a_i|² ≤ ε k_i``: the O(|T|²) entries of ``Tᵀ T`` are never subtracted."""
     d = T.shape[0]
     V = state.chol @ state.chol.T
     D = T.T @ ((V - jnp.eye(d, dtype=V.dtype)) @ T)
-    D = 0.5 * (D + D.T)
+    return T.T @ state.mean, 0.5 * (D + D.T)
+
+
+def raw_operator(state, T):
+    """``[Tᵀ m; D̃]`` (d+1, d) for :func:`raw_marginals`, with ``D̃`` the lower triangle of ``D``
+    of :func:`raw_moments` with its diagonal halved, so that ``fᵀ D f = 2 fᵀ D̃ f``.  Row 0 times
+    a chunk's ``F`` gives the latent means."""
+    Tm, D = raw_moments(state, T)
     Dt = jnp.tril(D, -1) + 0.5 * jnp.diag(jnp.diag(D))
-    return jnp.concatenate([(T.T @ state.mean)[None], Dt], axis=0)
+    return jnp.concatenate([Tm[None], Dt], axis=0)
+
+
+@jax.custom_jvp
+def column_quadratic(D, F):
+    """``f_iᵀ D f_i`` for each column ``f_i`` of ``F`` (d, n), ``D`` (d, d) symmetric.
+
+    The tangent ``2 (D f_i)ᵀ ḟ_i + f_iᵀ Ḋ f_i`` reuses ``D F``, so reverse mode costs one more
+    (d, n)·(n, d) product (``Ḋ``'s cotangent ``F diag(q̄) Fᵀ``); differentiating
+    ``Σ F ∘ (D F)`` as written costs two, and did not use that ``D`` is symmetric (M = 512,
+    n = 2048: 35–43 ms against 9–11 ms for the value)."""
+    return jnp.sum(F * (D @ F), axis=0)
+
+
+@column_quadratic.defjvp
+def _column_quadratic_jvp(primals, tangents):
+    D, F = primals
+    dD, dF = tangents
+    G = D @ F
+    return jnp.sum(F * G, axis=0), 2.0 * jnp.sum(dF * G, axis=0) + jnp.sum(F * (dD @ F), axis=0)
 
 
 def raw_marginals(blocks, b, k, off, W):

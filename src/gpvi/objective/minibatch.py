@@ -6,10 +6,10 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
-from gpvi.models.base import kl_standard_normal
-from gpvi.objective.state import Chunks, DEFAULT_CHUNK, State, Sums
+from gpvi.models.base import factored, kl_standard_normal
+from gpvi.objective.state import Chunks, DEFAULT_CHUNK, State, Sums, is_batched
 from gpvi.objective.blocks import (assemble_gram, block_gram, block_matvec, marginals_stacked, pass_projection,
-                                   stacked_state, zero_gram)
+                                   column_quadratic, raw_moments, stacked_state, zero_gram)
 
 
 # ---- one minibatch, scaled (the stochastic engines: sfp, svi) ----------------------------------
@@ -98,13 +98,26 @@ def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, pr
     """``scale·Σ_b E_i − KL``: the minibatch estimate of the VLB, differentiable in ``state`` and,
     when ``prior`` is None (the prior factorisation is then recomputed), in the model's
     parameters (not jitted: callers jit it inside their own step).  ``proj`` reuses the batch's
-    projections (:func:`minibatch_projection`)."""
+    projections (:func:`minibatch_projection`).
+
+    Without ``proj``, a factored model with one latent (a sparse GP, see
+    :meth:`gpvi.models.Model.raw_features`) is summed in its raw features, as a recomputing
+    data pass is: ``T = pass_cache(prior)`` moves onto the state once, so a batch costs one
+    product with ``T⁻ᵀ(V − I)T⁻¹``-like ``D̃`` instead of ``T K_zx`` and ``Wᵀ(T K_zx)``; its
+    derivatives in the parameters (sfp's θ step) then need two batch-sized products instead of
+    six (measured 0.19 → 0.08 s at M = 512, B = 2048)."""
     if prior is None and proj is None:
         prior = model.prior_cache(batch.X)
-    W = stacked_state(state)
-    pcache = model.pass_cache(prior) if proj is None else None
+    raw = proj is None and factored(model) and not is_batched(state)
+    if raw:
+        Tm, D = raw_moments(state, model.pass_cache(prior))
+    else:
+        W = stacked_state(state)
+        pcache = model.pass_cache(prior) if proj is None else None
 
     def chunk_E(ch, pr=None):
+        if raw:
+            return raw_expected_log_prob(model.likelihood, ch, Tm, D, *model.raw_features(ch.X))
         A, b, c = minibatch_projection(model, prior, ch, blocks, pcache) if pr is None else pr
         m, v = marginals_stacked(A, b, c, ch.offset, W)
         return jnp.sum(jnp.where(ch.mask > 0, model.likelihood.expected_log_prob(ch.y, m, v), 0.0))
@@ -114,3 +127,12 @@ def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, pr
     else:
         sE, _ = jax.lax.scan(lambda acc, ch: (acc + chunk_E(ch), None), jnp.zeros(()), split_batch(batch))
     return scale * sE - kl_standard_normal(state.mean, state.chol)
+
+
+def raw_expected_log_prob(likelihood, ch: Chunks, Tm, D, F, b, k):
+    """``Σ E_i`` over the real rows of one chunk from its raw features ``(F, b, k)``
+    (:meth:`gpvi.models.Model.raw_features`) and the state's ``(Tm, D)``
+    (:func:`~gpvi.objective.blocks.raw_moments`): means ``Tmᵀ f_i + b_i``, variances
+    ``k_i + f_iᵀ D f_i``; differentiable in all of them."""
+    m, v = Tm @ F + b + ch.offset, jnp.maximum(k + column_quadratic(D, F), 0.0)
+    return jnp.sum(jnp.where(ch.mask > 0, likelihood.expected_log_prob(ch.y, m, v), 0.0))
