@@ -186,8 +186,7 @@ def _features(theta, base, X):
     """What both halves of a learning step compute from θ: the prior cache, the pass cache
     ``T`` and the batch's raw features ``(F, b, k)`` of a factored model."""
     mdl = unflatten_params(base, theta)
-    prior = mdl.prior_cache(X)
-    return prior, mdl.pass_cache(prior), mdl.raw_features(X)
+    return (*mdl.caches(X), mdl.raw_features(X))
 
 
 @partial(jax.jit, static_argnames=("blocks", "safeguard", "opt"))

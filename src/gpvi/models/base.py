@@ -226,6 +226,13 @@ class Model(Module):
         see :meth:`project_many`.  By default the prior cache itself."""
         return cache
 
+    def caches(self, X):
+        """``(prior_cache(X), pass_cache(·))`` together, for code that differentiates both in the
+        model's parameters: a model may give the pass cache a cheaper derivative than the chain
+        through the prior cache (the sparse GP does)."""
+        prior = self.prior_cache(X)
+        return prior, self.pass_cache(prior)
+
     def project_many(self, pcache, Xc):
         """:meth:`project` for one of many chunks, from ``pcache = pass_cache(prior cache)``."""
         return self.project(pcache, Xc)
@@ -375,6 +382,13 @@ class SparseGP(Model):
         c = jnp.maximum(self.kernel.diag(Xc) - jnp.sum(At**2, 0), 0.0)
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
 
+    def caches(self, X):
+        # L⁻¹ with its derivative in K(Z, Z) in closed form (see _inverse_factor)
+        Z = jnp.asarray(self.inducing)
+        K = self.kernel.inducing_cov(Z)
+        L, added = cholesky(K, self.jitter)
+        return L, _inverse_factor(K + added * jnp.eye(K.shape[0], dtype=K.dtype), jax.lax.stop_gradient(L))
+
     def pass_cache(self, cache):
         # L⁻¹ once per pass: each chunk's L⁻¹ K(Z, X) is then a matrix product, which XLA:CPU
         # runs ~7× faster than the triangular solve (M = 300, n = 2048: 4.4 ms against 33 ms);
@@ -469,6 +483,25 @@ class GP(Model):
 def _lower_inverse(L):
     """``L⁻¹`` of a lower-triangular ``L`` (M, M), by one triangular solve."""
     return solve_triangular(L, jnp.eye(L.shape[0], dtype=L.dtype), lower=True)
+
+
+@jax.custom_jvp
+def _inverse_factor(K, L):
+    """``L⁻¹`` for ``L = chol(K)`` (given, and held constant: its tangent is ignored), with the
+    derivative in ``K`` in closed form, ``d(L⁻¹) = −Φ(L⁻¹ dK L⁻ᵀ) L⁻¹`` (``Φ``: the lower
+    triangle with the diagonal halved).  Reverse mode then transposes three (M, M) products,
+    where the chain through the factorisation and the triangular inverse cost XLA:CPU about
+    1.4× more (M = 512: 22 against 30 ms for value and gradient)."""
+    return _lower_inverse(L)
+
+
+@_inverse_factor.defjvp
+def _inverse_factor_jvp(primals, tangents):
+    K, L = primals
+    dK, _ = tangents
+    T = _lower_inverse(L)
+    P = T @ dK @ T.T
+    return T, -(jnp.tril(P, -1) + 0.5 * jnp.diag(jnp.diag(P))) @ T
 
 
 def _lower_matmul(T, B):
