@@ -94,6 +94,15 @@ def minibatch_sums(model, prior, batch: Chunks, state: State, scale, blocks: int
     return Sums(scale * sE - kl, scale * Arho - state.mean, S)
 
 
+def raw_pays(d: int, rows: int) -> bool:
+    """Whether a batch of ``rows`` is cheaper summed in the raw features of a model with ``d``
+    weights: moving the state costs about 3d³ (``raw_moments``) and each row d² once, against
+    2d² a row through the projections (``T K_zx``, then ``Wᵀ`` times that); with derivatives
+    6d³ + 2d²·rows against 6d²·rows.  At ``rows ≥ 3d`` the value costs no more and its gradient
+    a third less; below it a large d with a small batch would pay d³ for nothing."""
+    return rows >= 3 * d
+
+
 def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, prior=None, proj=None):
     """``scale·Σ_b E_i − KL``: the minibatch estimate of the VLB, differentiable in ``state`` and,
     when ``prior`` is None (the prior factorisation is then recomputed), in the model's
@@ -101,12 +110,13 @@ def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, pr
     projections (:func:`minibatch_projection`).
 
     Without ``proj``, a factored model with one latent (a sparse GP, see
-    :meth:`gpvi.models.Model.raw_features`) is summed in its raw features, as a recomputing
-    data pass is: ``T = pass_cache(prior)`` moves onto the state once, so a batch costs one
-    product with ``T⁻ᵀ(V − I)T⁻¹``-like ``D̃`` instead of ``T K_zx`` and ``Wᵀ(T K_zx)``; its
-    derivatives in the parameters (sfp's θ step) then need two batch-sized products instead of
-    six (measured 0.19 → 0.08 s at M = 512, B = 2048)."""
-    raw = proj is None and factored(model) and not is_batched(state)
+    :meth:`gpvi.models.Model.raw_features`) and a batch of at least 3d rows
+    (:func:`raw_pays`) is summed in its raw features, as a recomputing data pass is
+    (:func:`~gpvi.objective.blocks.raw_moments`): ``T = pass_cache(prior)`` moves onto the state
+    once, so a batch costs one product with ``D = Tᵀ(V − I)T`` instead of two (``T K_zx``, then
+    ``Wᵀ`` times that), and its derivatives in the parameters (sfp's θ step) two more instead of
+    four."""
+    raw = proj is None and factored(model) and not is_batched(state) and raw_pays(state.mean.shape[-1], batch.mask.shape[0])
     pcache = None
     if prior is None and proj is None:
         prior, pcache = model.caches(batch.X)
