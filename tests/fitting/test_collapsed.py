@@ -124,3 +124,52 @@ def test_collapsed_bound_refuses_bad_targets_with_one_error():
         collapsed.collapsed_bound(model, X, np.r_[np.nan, np.zeros(29)])
     with pytest.raises(ValueError, match="offset"):
         collapsed.collapsed_bound(model, X, np.zeros(30), offset=np.zeros(7))
+
+
+def test_sparse_bound_gradient_against_finite_differences_of_a_dense_titsias_bound(rng):
+    """The compiled sparse bound (projections L⁻¹K(Z, X) as a product with L⁻¹, whose derivative
+    is in closed form) against Titsias' bound written densely in NumPy, log N(y | μ, Q + σ²I) −
+    tr(K − Q)/(2σ²) with Q = K_xz K_zz⁻¹ K_zx, and its gradient against central differences of
+    that NumPy bound; inducing inputs in near pairs make K(Z, Z) ill-conditioned (~1e6)."""
+    import jax
+    from scipy.linalg import cho_factor, cho_solve
+
+    from gpvi._module import flatten_params, unflatten_params
+
+    X, y = _data(rng)
+    Z = np.concatenate([X[:5], X[:5] + 0.02 * rng.normal(size=(5, 2))])
+    model = gpvi.SparseGP(gpvi.kernels.RBF(variance=0.8, lengthscale=[1.2, 0.7]), L.Gaussian(variance=0.3),
+                          inducing=Z, mean=0.1)
+    names = ["kernel.variance", "kernel.lengthscale", "likelihood.variance", "inducing"]
+    data = collapsed._padded_data(model, X, y, np.zeros(len(y)), 2048)
+    theta = flatten_params(model, names)
+
+    def dense(th):
+        m = unflatten_params(model, th)
+        k = m.kernel
+        Zm = np.asarray(m.inducing)
+        Kzz = np.asarray(k(Zm, Zm))
+        Kzz = Kzz + 1e-8 * np.mean(np.diag(Kzz)) * np.eye(len(Zm))  # the model's jitter
+        Kzx = np.asarray(k(Zm, X))
+        Q = Kzx.T @ cho_solve(cho_factor(Kzz, lower=True), Kzx)
+        s2 = float(m.likelihood.variance)
+        r = y - float(m.mean)
+        C = Q + s2 * np.eye(len(y))
+        cf = cho_factor(C, lower=True)
+        logN = -0.5 * (r @ cho_solve(cf, r) + 2 * np.sum(np.log(np.diag(cf[0]))) + len(y) * np.log(2 * np.pi))
+        return logN - 0.5 * (np.sum(np.asarray(k.diag(X))) - np.trace(Q)) / s2
+
+    assert np.linalg.cond(np.asarray(model.kernel(Z, Z))) > 1e5
+    value, grad = collapsed._value_and_grad(theta, model, data)
+    assert -float(value) == pytest.approx(dense(theta), rel=1e-9)
+    for n in names:
+        base = np.asarray(theta[n], dtype=float)
+        fd = np.zeros(base.size)
+        for i in range(base.size):
+            h = 1e-5 * max(1.0, abs(base.flat[i]))
+            up, dn = base.copy(), base.copy()
+            up.flat[i] += h
+            dn.flat[i] -= h
+            fd[i] = (dense({**theta, n: up}) - dense({**theta, n: dn})) / (2 * h)
+        np.testing.assert_allclose(-np.ravel(np.asarray(grad[n])), fd, rtol=1e-5,
+                                   atol=1e-6 * max(1.0, np.max(np.abs(fd))), err_msg=n)

@@ -84,12 +84,14 @@ def _gp_bound(model, X, y, offset, mask):
 def _projected_bound(model, chunks):
     """Titsias' bound (SparseGP) or the linear-regression evidence (GLM) from the model's
     projections of each chunk, by the Woodbury identity: one d×d Cholesky."""
-    prior = model.prior_cache(chunks.X.reshape(-1, chunks.X.shape[-1]))  # X is unused by these models
+    # the prior cache and the per-pass cache (a sparse GP's L⁻¹, so each chunk's projections are a
+    # matrix product, with closed-form derivatives; X is unused by these models)
+    _, pcache = model.caches(chunks.X.reshape(-1, chunks.X.shape[-1]))
     s2 = model.likelihood.variance
 
     @jax.checkpoint  # the backward pass recomputes each chunk: O(chunk·d) memory like the forward
     def one(ch):
-        At, b, c = model.project(prior, ch.X)
+        At, b, c = model.project_many(pcache, ch.X)
         keep = ch.mask > 0
         r = jnp.where(keep, ch.y - b - ch.offset, 0.0)
         Am = At * ch.mask
