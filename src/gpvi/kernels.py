@@ -276,8 +276,7 @@ class Stationary(Kernel):
             # Few columns: sum exact squared differences column by column (a loop over
             # columns, not data).  No cancellation, so d2 is exactly 0 for equal inputs,
             # which matters for kernels with sqrt(d2) (Matérn) near zero distance.
-            d2 = (_column_sqdist(A, B) if self._smooth_profile else
-                  sum((A[:, k, None] - B[None, :, k]) ** 2 for k in range(A.shape[1])))
+            d2 = _column_sqdist(A, B) if self._smooth_profile else _sqdist_by_columns(A, B)
         else:
             # Many columns: |a-b|² = |a|² + |b|² − 2ab as one matrix product, centred on the
             # first argument's mean because the expansion loses precision far from the origin.
@@ -293,6 +292,11 @@ class Stationary(Kernel):
         return self.variance * self._profile(self._scaled_sqdist(X1, X2))
 
 
+def _sqdist_by_columns(A, B):
+    """``Σ_k (A_ik − B_jk)²`` (N1, N2), summed column by column (a loop over columns, not data)."""
+    return sum((A[:, k, None] - B[None, :, k]) ** 2 for k in range(A.shape[1]))
+
+
 @jax.custom_jvp
 def _column_sqdist(A, B):
     """``Σ_k (A_ik − B_jk)²`` (N1, N2), summed column by column (a loop over columns, not data):
@@ -304,7 +308,7 @@ def _column_sqdist(A, B):
     against 6.6 ms for the values).  The expanded tangent is not exactly 0 at equal rows (its
     rounding error is ~ε|a|·|ȧ|, after centring on A's mean), so only kernels whose profile is
     smooth at 0 use it (``_smooth_profile``)."""
-    return sum((A[:, k, None] - B[None, :, k]) ** 2 for k in range(A.shape[1]))
+    return _sqdist_by_columns(A, B)
 
 
 @_column_sqdist.defjvp

@@ -372,9 +372,13 @@ class SparseGP(Model):
     def input_dim(self):
         return None if np.ndim(self.inducing) < 2 else int(np.shape(self.inducing)[1])
 
+    def _inducing_factor(self):
+        """``(K, L, added)``: ``K = K(Z, Z)``, its jittered factor and the jitter added."""
+        K = self.kernel.inducing_cov(jnp.asarray(self.inducing))
+        return (K, *cholesky(K, self.jitter))
+
     def prior_cache(self, X):
-        Z = jnp.asarray(self.inducing)
-        return cholesky(self.kernel.inducing_cov(Z), self.jitter)[0]
+        return self._inducing_factor()[1]
 
     def project(self, cache, Xc):
         Kzx = self.kernel.inducing_cross(jnp.asarray(self.inducing), Xc)
@@ -384,9 +388,7 @@ class SparseGP(Model):
 
     def caches(self, X):
         # L⁻¹ with its derivative in K(Z, Z) in closed form (see _inverse_factor)
-        Z = jnp.asarray(self.inducing)
-        K = self.kernel.inducing_cov(Z)
-        L, added = cholesky(K, self.jitter)
+        K, L, added = self._inducing_factor()
         return L, _inverse_factor(K + added * jnp.eye(K.shape[0], dtype=K.dtype), jax.lax.stop_gradient(L))
 
     def pass_cache(self, cache):

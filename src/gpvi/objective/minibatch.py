@@ -103,6 +103,12 @@ def raw_pays(d: int, rows: int) -> bool:
     return rows >= 3 * d
 
 
+def raw_sums(model, state: State, batch: Chunks) -> bool:
+    """Whether a minibatch bound is summed in ``model``'s raw features: a factored model
+    (:func:`~gpvi.models.base.factored`), one latent, and a batch that pays for it (:func:`raw_pays`)."""
+    return factored(model) and not is_batched(state) and raw_pays(state.mean.shape[-1], batch.mask.shape[0])
+
+
 def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, prior=None, proj=None):
     """``scale·Σ_b E_i − KL``: the minibatch estimate of the VLB, differentiable in ``state`` and,
     when ``prior`` is None (the prior factorisation is then recomputed), in the model's
@@ -116,7 +122,7 @@ def minibatch_vlb(model, batch: Chunks, state: State, scale, blocks: int = 1, pr
     once, so a batch costs one product with ``D = Tᵀ(V − I)T`` instead of two (``T K_zx``, then
     ``Wᵀ`` times that), and its derivatives in the parameters (sfp's θ step) two more instead of
     four."""
-    raw = proj is None and factored(model) and not is_batched(state) and raw_pays(state.mean.shape[-1], batch.mask.shape[0])
+    raw = proj is None and raw_sums(model, state, batch)
     pcache = None
     if prior is None and proj is None:
         prior, pcache = model.caches(batch.X)
