@@ -49,9 +49,10 @@ def test_softmax_expectation_against_sampling():
 @pytest.mark.parametrize("C", [2, 3, 4])
 @pytest.mark.slow
 def test_softmax_closed_form_moments_are_the_derivatives_of_its_product_rule(C):
-    """Softmax's (E, ρ, λ, h) in closed form against automatic differentiation of the product
-    Gauss–Hermite rule written independently (logsumexp over all nodes at once)."""
-    from gpvi.likelihoods.softmax import points_per_latent, product_nodes
+    """Softmax's (E, ρ, λ, h) in closed form against automatic differentiation of its product
+    Gauss–Hermite rule over the C − 1 differences from the labelled class, written independently
+    (a dense Cholesky factor of the differences' covariance per row, logsumexp over all nodes)."""
+    from gpvi.likelihoods.softmax import points_per_difference, product_nodes
 
     lik = Softmax(num_classes=C)
     rng = np.random.default_rng(C)
@@ -59,11 +60,17 @@ def test_softmax_closed_form_moments_are_the_derivatives_of_its_product_rule(C):
     m = jnp.asarray(3.0 * rng.standard_normal((n, C)))
     v = jnp.asarray(rng.uniform(0.05, 4.0, (n, C)))
     y = jnp.asarray(rng.integers(0, C, n).astype(float))
-    Z, W = product_nodes(points_per_latent(lik.quadrature_points, C), C)
+    Z, W = product_nodes(points_per_difference(lik.quadrature_points, C), C - 1)
 
     def E_ref(m_, v_):
-        f = m_[:, None, :] + jnp.sqrt(v_)[:, None, :] * Z
-        return m_[jnp.arange(n), y.astype(int)] - jax.scipy.special.logsumexp(f, axis=-1) @ W
+        rows = []
+        for i in range(n):
+            r = int(y[i])
+            o = jnp.array([(r + j) % C for j in range(1, C)])  # the others, in Softmax's order
+            A = jnp.linalg.cholesky(jnp.diag(v_[i, o]) + v_[i, r])
+            f = jnp.concatenate([jnp.zeros((len(W), 1)), (m_[i, o] - m_[i, r]) + Z @ A.T], axis=1)
+            rows.append(-jax.scipy.special.logsumexp(f, axis=-1) @ W)
+        return jnp.stack(rows)
 
     E, rho, lam, h = lik.moments_and_mean_hessians(y, m, v)
     np.testing.assert_allclose(E, E_ref(m, v), rtol=1e-13)
@@ -75,6 +82,11 @@ def test_softmax_closed_form_moments_are_the_derivatives_of_its_product_rule(C):
     np.testing.assert_allclose(h, H[jnp.arange(n), :, jnp.arange(n), :], atol=1e-12)
     for a, b in zip(lik.variational_moments(y, m, v), (E, rho, lam)):
         np.testing.assert_array_equal(a, b)
+    # predictions by the same rule (over the differences from class 0): probabilities that sum to
+    # one, and the log predictive density their log
+    p = lik.predict_proba(m, v)
+    np.testing.assert_allclose(p.sum(1), 1.0, atol=1e-13)
+    np.testing.assert_allclose(lik.predictive_log_density(y, m, v), jnp.log(p[jnp.arange(n), y.astype(int)]), rtol=1e-12)
 
 
 @pytest.mark.parametrize("lik", [Softmax(num_classes=3), MonteCarlo(Softmax(num_classes=3), num_samples=256)],
