@@ -123,6 +123,12 @@ def test_fit_default_runs_two_stages():
     assert np.ndim(first.kernel.lengthscale) == 0 and np.shape(second.kernel.lengthscale) == (3,)
     assert kw1["max_rounds"] == 100 and kw2["max_rounds"] == defaults.ARD_ROUNDS
     assert kw2["init"] == "state1" and kw1["seed"] == kw2["seed"] == 3 and kw2["learn_hyperparameters"] == ["mean"]
+    # the isotropic stage, only a start, stops at FIRST_STAGE_TOL (or the fit's tol if looser)
+    assert kw1["tol"] == defaults.FIRST_STAGE_TOL and "tol" not in kw2
+    for tol, first_tol in ((1e-8, defaults.FIRST_STAGE_TOL), (1e-2, 1e-2)):
+        calls.clear()
+        defaults.fit_default(model, Xs, np.array([0, 1, 1.0]), fit=fake_fit, learn=["mean"], two_stage=True, tol=tol)
+        assert calls[0][1]["tol"] == first_tol and calls[1][1]["tol"] == tol
     calls.clear()
-    defaults.fit_default(model, Xs, np.array([0, 1, 1.0]), fit=fake_fit, learn=False, two_stage=False)
-    assert len(calls) == 1
+    defaults.fit_default(model, Xs, np.array([0, 1, 1.0]), fit=fake_fit, learn=False, two_stage=False, tol=1e-7)
+    assert len(calls) == 1 and calls[0][1]["tol"] == 1e-7
