@@ -14,7 +14,7 @@ import time
 import numpy as np
 from gpvi import kernels as _kernels
 from gpvi.fitting import defaults as _defaults
-from gpvi.cli.common import (AUTO_INTEGER_CLASSES, LIKELIHOODS, MAX_CLASSES, MODELS, MULTI_LATENT_ENGINES, OUTPUTS,
+from gpvi.cli.common import (AUTO_INTEGER_CLASSES, LIKELIHOODS, MAX_CLASSES, MODELS, OUTPUTS,
                              UsageError, one_line, remove_stray_temporaries)
 from gpvi.cli.demo import cmd_demo
 from gpvi.cli.fit import cmd_fit
@@ -116,18 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
                                    f"{AUTO_INTEGER_CLASSES} distinct values are class labels too; other numbers "
                                    "give gaussian regression (--levels implies ordinal, --positive bernoulli; "
                                    "--stream and --exposure need --likelihood).")
+    from gpvi import engines
+
     f.add_argument("data", metavar="DATA", help="CSV (.csv, .tsv, optionally .gz) or Parquet (.parquet) file")
     f.add_argument("-t", "--target", required=True, metavar="COL", help="the column to predict")
     f.add_argument("-l", "--likelihood", type=_choice("likelihood", LIKELIHOODS), default=None, metavar="NAME",
                    help="one of: " + ", ".join(LIKELIHOODS) + " (softmax: multiclass, one latent GP per class, "
-                        f"at most {MAX_CLASSES} classes, engines {' or '.join(MULTI_LATENT_ENGINES)}; "
+                        f"at most {MAX_CLASSES} classes, engines {' or '.join(engines.names(latents=True))}; "
                         "default: chosen from the target, see above)")
     f.add_argument("-m", "--model", type=_choice("model", MODELS), default=None, metavar="KIND",
                    help="auto (default; sparse when --inducing is given): a full GP when N <= 1000 for gaussian, "
                         "laplace and studentt and N <= 500 for the other likelihoods, else sparse; or sparse GP, "
                         "full GP, Bayesian GLM")
-    from gpvi import engines
-
     f.add_argument("-e", "--engine", type=_choice("engine", engines.names() + [engines.auto.AUTO]), default=None,
                    metavar="ENGINE",
                    help="inference engine: " + ", ".join(engines.names()) + ", or auto (the certified engine "

@@ -45,10 +45,6 @@ MAX_CLASSES = 50
 AUTO_INTEGER_CLASSES = 10
 
 
-#: the engines that fit a model with several latent functions (softmax)
-MULTI_LATENT_ENGINES = ("fpi", "gradient")
-
-
 def file_version(likelihood: str) -> int:
     """The command-line format version a model file of ``likelihood`` is written with: 2 for
     softmax (which gpvi before it cannot read: it then says "upgrade gpvi"), else 1."""

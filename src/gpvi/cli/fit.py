@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gpvi import kernels as _kernels
+from gpvi import engines, kernels as _kernels
 from gpvi.fitting import defaults as _defaults
-from gpvi.cli.common import (CLASSIFIERS, CLI_FORMAT, LOG_LINK, MULTI_LATENT_ENGINES, STANDARDISED_TARGET, UsageError,
+from gpvi.cli.common import (CLASSIFIERS, CLI_FORMAT, LOG_LINK, STANDARDISED_TARGET, UsageError,
                              check_writable, default_out, describe_model, file_version, refuse_overwriting_input,
                              remember_output, save_model, show_progress, split, support_error)
 from gpvi.cli.table import check_magnitude, choose_likelihood, encode_target, exposure_column, feature_matrix, read_table
@@ -53,9 +53,10 @@ def cmd_fit(args) -> int:
         args.likelihood = lik_name
         if not args.quiet:
             print(f"gpvi fit: no --likelihood given: {why}", flush=True)
-    if lik_name == "softmax" and args.engine not in MULTI_LATENT_ENGINES + ("auto",):
+    several = engines.names(latents=True)  # the engines that fit several latent functions
+    if lik_name == "softmax" and args.engine not in several + [engines.auto.AUTO]:
         raise UsageError(f"--likelihood softmax (one latent GP per class) runs on --engine "
-                         f"{' or '.join(MULTI_LATENT_ENGINES)}, not {args.engine}")
+                         f"{' or '.join(several)}, not {args.engine}")
     y, labels = encode_target(table, target, lik_name, split(args.levels), args.positive)
     if lik_name in STANDARDISED_TARGET:
         check_magnitude(table, target, y, "target column")

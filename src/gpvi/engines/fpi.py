@@ -82,7 +82,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         thr = gap_threshold(sums.vlb, tol, tol_nats)
         backtracks_before = guard.backtracks + cov_guard.backtracks
         if "sequential_from" in extras:
-            out = _sequential_step(guard, cov_guard, state, sums, thr)
+            out = _sequential_step(guard, cov_guard, state, sums, thr, tol)
         else:
             before = guard.backtracks
             out = guard.step(state, sums, stop_below=thr)
@@ -190,9 +190,11 @@ def _stall_message(gain, gap, sums, rescues=()):
             f"a posterior this ill-conditioned")
 
 
-def _sequential_step(mean_guard, cov_guard, state, sums, stop_below):
+def _sequential_step(mean_guard, cov_guard, state, sums, stop_below, tol=1e-6):
     """Newton on m (V fixed), then FP on V at the new m; ``None`` if neither can ascend.  The
-    mean step computes the gap at ``state`` (``mean_guard.gap``) and certifies it if small."""
+    mean step computes the gap at ``state`` (``mean_guard.gap``) and certifies it if small;
+    while the curvature is clipped, the extra Newton steps on the mean stop once one gains at
+    most ``tol`` (the run's relative tolerance) of the bound."""
     out_m = mean_guard.step(state, sums, update_cov=False, stop_below=stop_below)
     if mean_guard.certified:
         return out_m
@@ -207,7 +209,7 @@ def _sequential_step(mean_guard, cov_guard, state, sums, stop_below):
             break
         change = float(nxt[1].vlb) - float(out_m[1].vlb)
         out_m = nxt[0], nxt[1], min(out_m[2], nxt[2])
-        if change <= 1e-6 * max(1.0, abs(float(nxt[1].vlb))):
+        if change <= tol * max(1.0, abs(float(nxt[1].vlb))):
             break
     mid, mid_sums, alpha_m = (state, sums, 1.0) if out_m is None else out_m
     out_v = cov_guard.step(mid, mid_sums, update_mean=False)
