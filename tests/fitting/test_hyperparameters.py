@@ -141,6 +141,40 @@ def test_learned_fit_iterations_sum_every_engine_run_of_the_search(rng, monkeypa
     assert res.iterations == sum(runs)
 
 
+def test_search_starts_fpi_in_the_papers_order_once_a_run_has_switched(rng, monkeypatch):
+    """Three softmax latents are coupled: fpi switches to the paper's order (Newton on m, then FP
+    on V) at its second iteration.  Every later run of the search then starts in that order
+    (``sequential=True``), the first one does not, and the fit reaches the same optimum as the
+    gradient engine's search."""
+    import dataclasses
+    import functools
+
+    from gpvi.engines import ENGINES
+
+    real = ENGINES["fpi"]
+    calls = []
+
+    @functools.wraps(real.run)
+    def recording(*args, **kwargs):
+        res = real(*args, **kwargs)
+        calls.append((kwargs.get("sequential", False), res.extras.get("sequential_from")))
+        return res
+
+    monkeypatch.setitem(ENGINES, "fpi", dataclasses.replace(real, run=recording))
+    X = rng.uniform(-2, 2, (45, 2))
+    y = np.argmax(X @ np.array([[1.0, -1.0, 0.0], [0.0, 1.0, -1.0]]) + 0.5 * rng.standard_normal((45, 3)), 1)
+    model = gpvi.MultiLatent.full([gpvi.kernels.RBF()] * 3, L.Softmax(num_classes=3))
+    names = ["latents.*.kernel.variance", "latents.*.kernel.lengthscale"]
+    res = gpvi.fit(model, X, y.astype(float), learn_hyperparameters=names, max_rounds=4)
+    assert len(calls) >= 3 and calls[0] == (False, 2)
+    assert all(asked and start == 1 for asked, start in calls[1:]), calls
+    other = gpvi.fit(model, X, y.astype(float), learn_hyperparameters=names, max_rounds=4,
+                     engine_options={"sequential": True})  # the user's choice is passed through
+    assert abs(other.vlb - res.vlb) <= 1e-6 * abs(res.vlb)
+    grad = gpvi.fit(model, X, y.astype(float), learn_hyperparameters=names, max_rounds=4, engine="gradient")
+    assert abs(grad.vlb - res.vlb) <= 1e-3 * abs(res.vlb), (grad.vlb, res.vlb)
+
+
 def test_collapsed_fit_iterations_count_the_closed_form_evaluations(rng, monkeypatch):
     # Gaussian likelihood: θ is learned on the collapsed bound, whose every evaluation is the
     # optimum over q in closed form (one iteration); the engine then runs once at the learned θ.

@@ -46,7 +46,8 @@ from gpvi.engines._common import (NOT_FINITE_START, STOPPED, Clock, EngineResult
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
-        max_iter: int = 500, clip_gamma: str = "auto", callback=None, on_state=None) -> EngineResult:
+        max_iter: int = 500, clip_gamma: str = "auto", sequential: bool = False, callback=None,
+        on_state=None) -> EngineResult:
     """Run FPi from ``state`` until the estimated gap to the optimum
     (:func:`~gpvi.engines._common.estimated_gap`, nats) is at most ``tol_nats``, by default
     ``0.1·tol·max(1, |VLB|)`` (see :func:`~gpvi.engines._common.gap_threshold`).
@@ -57,6 +58,12 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     ``clip_gamma``: ``"auto"`` uses γ_i clipped at 0 only in steps where ``I − S`` is not
     positive definite; ``"always"`` clips in every step (the heuristic of Sheth & Khardon 2016
     for Student-t).
+
+    ``sequential``: take the paper's order (a Newton step on m, then a fixed-point step on V) from
+    the first iteration, instead of joint steps until two are rejected or four are slow.  The
+    hyperparameter search passes it to its next runs once a run has switched: each of them
+    would otherwise pay for the same rejected joint steps again.  Where the run switched, and
+    why, is in ``extras["sequential_from"]`` and ``extras["sequential_because"]``.
     """
     clock = Clock(callback, on_state, objective.model)
     sums = objective.sums(state)
@@ -76,6 +83,8 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     damped_run, window = 0, deque(maxlen=STALL_WINDOW)  # consecutive damped iterations; VLB at their starts
     slow_run, prev_gap = 0, float("inf")  # consecutive slow joint steps; the gap before the last one
     coupled = bool(getattr(objective, "coupled", False))
+    if sequential:
+        extras["sequential_from"], extras["sequential_because"] = 1, "asked (sequential=True)"
     rescues = []  # (iteration, L-BFGS iterations, VLB gained) of each rescue
     while it < max_iter:
         it += 1

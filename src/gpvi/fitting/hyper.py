@@ -150,7 +150,7 @@ def profile(problem, runner, state, obj):
     check_known(model, names)
     model, rounds, search = profile_search(problem, runner, model, names, res.state,
                                            start=None if learned else (obj, res))
-    obj, res, _ = runner(model, search["state"], problem.tol)
+    obj, res, _ = runner(model, search["state"], problem.tol, **search["mode"])
     message = f"{res.message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return Outcome(model, res, message, np.asarray(search["rows"]).reshape(-1, 2), rounds,
                    None if learned else obj.prior, search=search.get("message", ""))
@@ -226,8 +226,9 @@ def inner_tol(gain, vlb, tol, strict):
 def profile_search(problem, runner, model, names, state, start=None):
     """L-BFGS-B on the profile bound in the parameters ``names`` of ``model``, from the engine's
     optimum ``state``; returns ``(model, iterations, {"rows": trace rows, "state": best state,
-    "message": why the search stopped})`` (the message as
-    :func:`gpvi.fitting.lbfgs.stop_message` writes it).
+    "message": why the search stopped, "mode": the engine options of the next run})`` (the
+    message as :func:`gpvi.fitting.lbfgs.stop_message` writes it; the mode ``{"sequential":
+    True}`` once an fpi run of the search has switched to the paper's order, else ``{}``).
 
     Every inner engine run adds to ``runner.counts``, so that the fit reports totals over the
     search.  With the Laplace engine (``Engine.evidence == "laplace"``) the objective is the
@@ -261,7 +262,11 @@ def profile_search(problem, runner, model, names, state, start=None):
     lik_learned = any(n.split(".")[0] == "likelihood" for n in names)
     inner = {"tol": tol}
     log_prior = LogPrior(model, names, problem.hyperprior)  # (empty: no prior)
-    memo = {"state": state, "best": (-np.inf, None, state), "recent": []}
+    memo = {"state": state, "best": (-np.inf, None, state), "recent": [], "mode": {}}
+    # fpi's order: once a run has switched to the paper's order (rejected or slow joint steps),
+    # the next runs start there (nearby θ, the same posterior's shape) instead of paying for the
+    # same rejected joint steps again
+    can_start_sequential = "sequential" in problem.engine.options and "sequential" not in problem.options
     given = {"run": start}
     rows = []
     vlbs = {}  # VLB of the Laplace posterior at each evaluated point (laplace only)
@@ -275,7 +280,7 @@ def profile_search(problem, runner, model, names, state, start=None):
             else:
                 prev = memo.get("obj")
                 begin = memo["state"] if prev is None else lambda o: warmstart.carry(prev, o, memo["state"])
-                new_obj, res, _ = runner(mdl, begin, inner["tol"], quiet=True)
+                new_obj, res, _ = runner(mdl, begin, inner["tol"], quiet=True, **memo["mode"])
         except np.linalg.LinAlgError:
             return np.inf, np.zeros_like(x)
         if not np.isfinite(res.vlb):
@@ -299,6 +304,8 @@ def profile_search(problem, runner, model, names, state, start=None):
         if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
         memo["state"], memo["obj"] = res.state, new_obj  # warm start for the next evaluation
+        if can_start_sequential and "sequential_from" in res.extras:
+            memo["mode"] = {"sequential": True}
         memo["recent"] = [(np.array(x), res.state)] + memo["recent"][:3]  # for on_state at a round's point
         score = -val if laplace else res.vlb + lp
         if score > memo["best"][0]:
@@ -348,10 +355,10 @@ def profile_search(problem, runner, model, names, state, start=None):
     best_vlb, best_x, best_state = memo["best"]
     message = STOPPED if runner.stopped else stop_message(out, problem.max_rounds)
     if best_x is None:
-        return model, int(out.nit), {"rows": rows, "state": state, "message": message}
+        return model, int(out.nit), {"rows": rows, "state": state, "message": message, "mode": memo["mode"]}
     learned = unflatten_params(model, unravel(jnp.asarray(best_x)))
     if laplace:
         # On (nearly) separable data the Laplace evidence is largest where the approximation is
         # useless (a huge latent scale, probabilities near 0.5): refuse such a maximum.
         check_learned_hyperparameters(learned, names, best_vlb, vlbs[best_x.tobytes()], X.shape[0])
-    return learned, int(out.nit), {"rows": rows, "state": best_state, "message": message}
+    return learned, int(out.nit), {"rows": rows, "state": best_state, "message": message, "mode": memo["mode"]}
