@@ -92,6 +92,26 @@ def test_few_classes_keep_the_product_rule():
         assert Z3.shape == ((6 if C == 2 else 3 ** (C - 1)), C - 1)
 
 
+def test_rule_field_and_old_model_files():
+    """``rule`` takes "differences" (the default) or "latents"; a saved Softmax records its rule,
+    and a file written before the field existed (no ``rule``) is read with the old rule over all
+    latents, so that it predicts as it did."""
+    import json
+
+    from gpvi.fitting import codec
+
+    assert Softmax(num_classes=3).rule == "differences"
+    assert Softmax(num_classes=3, rule="latents")._nodes()[0].shape == (1000, 3)
+    with pytest.raises(ValueError, match="rule must be one of"):
+        Softmax(num_classes=3, rule="sobol")
+    arrays = {}
+    spec = json.loads(json.dumps(codec.encode(Softmax(num_classes=3), arrays, "lik")))
+    assert spec["fields"]["rule"] == {"value": "differences"}
+    assert codec.decode(spec, arrays).rule == "differences"
+    del spec["fields"]["rule"]  # as gpvi wrote it before the field existed
+    assert codec.decode(spec, arrays).rule == "latents"
+
+
 def _difference_rule(n, y, m, v):
     """(E, ρ, λ) of Softmax's product rule over the C − 1 differences from the labelled class
     (others in the order (y + j) mod C), written apart from Softmax: the covariance's factor by
@@ -140,6 +160,10 @@ def test_difference_rule_is_as_accurate_as_the_rule_over_all_latents(C):
     for a, b in zip(new, _difference_rule(points_per_difference(20, C), y[rows], m[rows], v[rows])):
         np.testing.assert_allclose(a[rows], b, rtol=1e-10, atol=1e-12)
     old = _rule(*product_nodes({2: 20, 3: 10, 4: 5}[C], C), y, m, v)
+    # rule="latents" is that old rule (model files written before the new one are read with it)
+    kept = Softmax(num_classes=C, rule="latents").variational_moments(jnp.asarray(y, float), jnp.asarray(m), jnp.asarray(v))
+    for a, b in zip(kept, old):
+        np.testing.assert_allclose(np.asarray(a), b, rtol=1e-10, atol=1e-12)
     for name, a, b, r in zip(("E", "rho", "lambda"), new, old, ref):
         e_new, e_old = np.abs(a - r), np.abs(b - r)
         assert e_new.mean() <= e_old.mean() and e_new.max() <= 3.0 * e_old.max(), (

@@ -183,6 +183,10 @@ def decode(spec, arrays):
         if not isinstance(fields, dict):
             raise ValueError(f"malformed fields of {name}: {short(fields)}")
         kw = {k: decode(v, arrays) for k, v in fields.items()}
+        # fields added to a class since a file was written: the value that such a file means
+        # (e.g. Softmax's rule: files written before the field used the rule over all latents)
+        for k, v in getattr(cls, "_file_defaults", {}).items():
+            kw.setdefault(k, v)
         try:
             return cls(**kw)
         except Exception as err:  # noqa: BLE001 - any failure to build is a damaged file

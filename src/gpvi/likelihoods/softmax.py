@@ -45,13 +45,26 @@ from gpvi.likelihoods.base import Likelihood, finite_1d
 from gpvi.likelihoods.quadrature import hermite_nodes
 
 __all__ = ["Softmax", "product_nodes", "qmc_nodes", "softmax_nodes", "softmax_rule", "points_per_difference",
-           "PRODUCT_NODES_BUDGET",
+           "PRODUCT_NODES_BUDGET", "LATENT_NODES_BUDGET", "SOFTMAX_RULES",
            "PRODUCT_MAX_CLASSES", "QMC_PAIRS_PER_POINT", "QMC_MAX_ENTRIES"]
 
 #: Most nodes of the product rule over the C − 1 differences from C ≥ 3 classes by default:
 #: ``quadrature_points`` per difference, lowered so that the product stays within this many
 #: (C = 3: 14²; C = 4: 6³).
 PRODUCT_NODES_BUDGET = 216
+
+
+#: Most nodes of the product rule over all C latents (``rule="latents"``, the rule of model files
+#: written before the rule over the differences): 20², 10³, 5⁴.
+LATENT_NODES_BUDGET = 1000
+
+#: The values of ``Softmax.rule``.
+SOFTMAX_RULES = ("differences", "latents")
+
+
+def _points_per_latent(n: int, C: int) -> int:
+    """Gauss–Hermite points per latent of the product rule over all C latents (``rule="latents"``)."""
+    return max(2, min(n, int(np.floor(LATENT_NODES_BUDGET ** (1.0 / C) + 1e-9))))
 
 
 def points_per_difference(n: int, C: int) -> int:
@@ -140,7 +153,7 @@ def softmax_rule(quadrature_points: int, Q: int) -> str:
     return "product" if int(Q) <= PRODUCT_MAX_CLASSES else "qmc"
 
 
-def softmax_nodes(quadrature_points: int, Q: int):
+def softmax_nodes(quadrature_points: int, Q: int, rule: str = "differences"):
     """Nodes and weights (P,) of :class:`Softmax`'s rule for Q classes:
 
     - Q ≤ :data:`PRODUCT_MAX_CLASSES`: nodes (P, Q − 1) of ``N(0, I_{Q−1})``, product
@@ -150,10 +163,21 @@ def softmax_nodes(quadrature_points: int, Q: int):
     - more classes: nodes (P, Q) of ``N(0, I_Q)``, :func:`qmc_nodes` with
       ``2^⌈log2(QMC_PAIRS_PER_POINT·quadrature_points)⌉`` antithetic pairs (quadrature_points =
       20: 1024 nodes whatever Q; 10: 512; 40: 2048).
+
+    With ``rule="latents"`` and Q ≤ :data:`PRODUCT_MAX_CLASSES`: nodes (P, Q) of the product rule
+    over all Q latents, ``min(quadrature_points, ⌊1000^{1/Q}⌋)`` points per latent (20², 10³, 5⁴).
     """
-    if softmax_rule(quadrature_points, Q) == "product":
-        return product_nodes(points_per_difference(quadrature_points, Q), Q - 1)
-    return qmc_nodes(_qmc_pairs(quadrature_points), Q)
+    if softmax_rule(quadrature_points, Q) == "qmc":
+        return qmc_nodes(_qmc_pairs(quadrature_points), Q)
+    if rule == "latents":
+        return product_nodes(_points_per_latent(quadrature_points, Q), Q)
+    return product_nodes(points_per_difference(quadrature_points, Q), Q - 1)
+
+
+def _check_rule(owner, name, rule):
+    if rule not in SOFTMAX_RULES:
+        raise ValueError(f"{owner}: {name} must be one of {SOFTMAX_RULES}, got {rule!r}")
+    return rule
 
 
 def _check_classes(owner, name, c):
@@ -180,9 +204,18 @@ class Softmax(Likelihood):
 
     Either way ``variational_moments`` and ``moments_and_mean_hessians`` are the exact
     derivatives of the rule used, so engines see one deterministic bound.
+
+    ``rule="latents"`` (C ≤ 4) is the product rule over all C latents (20², 10³, 5⁴ nodes) that
+    gpvi used before the rule over the differences; a model file written then is read with it,
+    so that it predicts bit for bit.
     """
 
     num_classes: int = static(None, check=_check_classes)
+    rule: str = static("differences", check=_check_rule)
+
+    #: Field values that a model file written before the field existed means (gpvi.io): such a
+    #: file's softmax used the rule over all latents, which it keeps, so it predicts bit for bit.
+    _file_defaults = {"rule": "latents"}
 
     @property
     def num_latents(self) -> int:
@@ -205,7 +238,43 @@ class Softmax(Likelihood):
         return fy - jax.scipy.special.logsumexp(f, axis=-1)
 
     def _nodes(self):
-        return softmax_nodes(self.quadrature_points, self.num_classes)
+        return softmax_nodes(self.quadrature_points, self.num_classes, self.rule)
+
+    @property
+    def _over_latents(self) -> bool:
+        """Whether the rule's nodes are over the C latents (QMC, or ``rule="latents"``)."""
+        return self.num_classes > PRODUCT_MAX_CLASSES or self.rule == "latents"
+
+    def _latent_rule(self, y, m, v):
+        """``E``, the unnormalised softmax ``e^{f_c − max}`` and its total at the nodes of the
+        product rule over all latents (``rule="latents"``), class by class over (…, P) arrays."""
+        Z, W = self._nodes()
+        s = jnp.sqrt(v)
+        fs = [m[..., c, None] + s[..., c, None] * Z[:, c] for c in range(self.num_classes)]  # (…, P)
+        mx = fs[0]
+        for f in fs[1:]:
+            mx = jnp.maximum(mx, f)
+        es = [jnp.exp(f - mx) for f in fs]
+        tot = sum(es[1:], es[0])
+        idx = jnp.asarray(y).astype(jnp.int32)
+        E = jnp.take_along_axis(m, idx[..., None], axis=-1)[..., 0] - (mx + jnp.log(tot)) @ W
+        return E, es, tot
+
+    def _latent_moments(self, y, m, v, hessians: bool):
+        """``(E, ρ, λ[, h])`` of the product rule over all latents (``rule="latents"``)."""
+        Z, W = self._nodes()
+        C = self.num_classes
+        E, es, tot = self._latent_rule(y, m, v)
+        ps = [e / tot for e in es]
+        Ep = jnp.stack([p @ W for p in ps], axis=-1)
+        lam = -jnp.stack([p @ (Z[:, c] * W) for c, p in enumerate(ps)], axis=-1) / jnp.sqrt(v)
+        rho = (jnp.arange(C) == jnp.asarray(y).astype(jnp.int32)[..., None]).astype(m.dtype) - Ep
+        if not hessians:
+            return E, rho, lam
+        pw = [p * W for p in ps]
+        Epp = {(q, r): jnp.sum(pw[q] * ps[r], axis=-1) for q in range(C) for r in range(q, C)}
+        h = jnp.stack([jnp.stack([Epp[min(q, r), max(q, r)] for r in range(C)], -1) for q in range(C)], -2)
+        return E, rho, lam, h - Ep[..., None] * jnp.eye(C, dtype=m.dtype)
 
     def _latents(self, m, v):
         """``f`` at the rule's nodes: (n, P, C)."""
@@ -298,6 +367,8 @@ class Softmax(Likelihood):
     def expected_log_prob(self, y, m, v):
         if self.num_classes > PRODUCT_MAX_CLASSES:
             return self._stacked(y, m, v)[0]
+        if self.rule == "latents":
+            return self._latent_rule(y, m, v)[0]
         return self._at_nodes(y, m, v, derivatives=False)
 
     def _moments(self, y, m, v, hessians: bool):
@@ -313,6 +384,8 @@ class Softmax(Likelihood):
                 return E, rho, lam
             h = jnp.einsum("...pq,p,...pr->...qr", P, W, P)
             return E, rho, lam, h - Ep[..., None] * jnp.eye(C, dtype=m.dtype)
+        if self.rule == "latents":
+            return self._latent_moments(y, m, v, hessians)
         return self._at_nodes(y, m, v, hessians=hessians)
 
     def variational_moments(self, y, m, v):
@@ -334,7 +407,7 @@ class Softmax(Likelihood):
         """Predictive class probabilities ``E[softmax(f)]`` (n, C) under ``f ~ N(m, diag v)``, by
         the rule of :meth:`expected_log_prob` (over the differences from class 0 for C ≤ 4)."""
         _, W = self._nodes()
-        if self.num_classes > PRODUCT_MAX_CLASSES:
+        if self._over_latents:
             return jnp.einsum("npc,p->nc", jax.nn.softmax(self._latents(m, v), axis=-1), W)
         logits, lse, _, _ = self._differences(m, v, jnp.zeros(m.shape[:-1], jnp.int32))
         return jnp.stack([jnp.exp(f - lse) @ W for f in logits], axis=-1)
@@ -351,7 +424,7 @@ class Softmax(Likelihood):
         """``log E[p(y | f)]``: the log of :meth:`predict_proba`'s entry for ``y`` (the same rule),
         as a log-sum-exp over the nodes (no underflow for improbable labels)."""
         _, W = self._nodes()
-        if self.num_classes > PRODUCT_MAX_CLASSES:
+        if self._over_latents:
             lp = self.log_prob(jnp.asarray(y)[..., None], self._latents(m, v))
             return jax.scipy.special.logsumexp(lp + jnp.log(W), axis=-1)
         logits, lse, _, _ = self._differences(m, v, jnp.zeros(m.shape[:-1], jnp.int32))
