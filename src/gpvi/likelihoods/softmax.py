@@ -186,6 +186,16 @@ def _check_classes(owner, name, c):
     return int(c)
 
 
+def _mean_hessian(ps, pw, Ep):
+    """``Σ_p w_p π_pa π_pb − δ_ab E[π_a]`` (…, C, C): a softmax rule's second derivative in the
+    means, from the softmax ``ps`` (C arrays (…, P)) at the nodes, ``pw`` the same times the weights
+    and ``Ep`` (C arrays (…)) their weighted sums; each product once (the matrix is symmetric)."""
+    C = len(ps)
+    Epp = {(a, b): jnp.sum(pw[a] * ps[b], axis=-1) for a in range(C) for b in range(a, C)}
+    return jnp.stack([jnp.stack([Epp[min(a, b), max(a, b)] - (Ep[a] if a == b else 0.0) for b in range(C)], -1)
+                      for a in range(C)], -2)
+
+
 class Softmax(Likelihood):
     """Multiclass labels ``y ∈ {0, …, C−1}`` with ``p(y = c | f) = e^{f_c} / Σ_k e^{f_k}``:
     one latent function per class (Q = C), as in Nguyen & Bonilla (2014, Table 1).
@@ -271,10 +281,7 @@ class Softmax(Likelihood):
         rho = (jnp.arange(C) == jnp.asarray(y).astype(jnp.int32)[..., None]).astype(m.dtype) - Ep
         if not hessians:
             return E, rho, lam
-        pw = [p * W for p in ps]
-        Epp = {(q, r): jnp.sum(pw[q] * ps[r], axis=-1) for q in range(C) for r in range(q, C)}
-        h = jnp.stack([jnp.stack([Epp[min(q, r), max(q, r)] for r in range(C)], -1) for q in range(C)], -2)
-        return E, rho, lam, h - Ep[..., None] * jnp.eye(C, dtype=m.dtype)
+        return E, rho, lam, _mean_hessian(ps, [p * W for p in ps], [Ep[..., c] for c in range(C)])
 
     def _latents(self, m, v):
         """``f`` at the rule's nodes: (n, P, C)."""
@@ -284,9 +291,10 @@ class Softmax(Likelihood):
     def _differences(self, m, v, ref):
         """The rule over the C−1 differences ``d_j = f_{o_j} − f_r`` from a reference class
         ``r = ref`` (n,) of each row (the others ``o_j = (r + j) mod C``, j = 1 … C−1):
-        ``(logits, lse, (diag, below), pullback)`` with ``logits`` the C lists of (n, P) logits
-        ``[0, d_1, …]`` at the nodes, ``lse`` their log-sum-exp (n, P), the factor of the
-        differences' covariance and its pullback to ``v`` (n, C) in the reference's order.
+        ``(logits, lse, pullback)``: ``logits`` the list of C (n, P) logits ``[0, d_1, …]`` at the
+        nodes, ``lse`` their log-sum-exp (n, P), and ``pullback`` the vector–Jacobian product of
+        the differences' Cholesky factor ``(diag, below)`` (each a list of C − 1 (n,) columns) to
+        ``v`` (n, C), returned in the reference's order ``[r, o_1, …]``.
 
         The differences are ``N(μ, D + v_r 11ᵀ)``, ``μ_j = m_{o_j} − m_r``, ``D = diag(v_{o_j})``.
         The Cholesky factor of a diagonal plus ``β 11ᵀ`` has, in column j, the diagonal
@@ -317,7 +325,7 @@ class Softmax(Likelihood):
         for f in logits[1:]:
             mx = jnp.maximum(mx, f)
         lse = mx + jnp.log(sum(jnp.exp(f - mx) for f in logits))
-        return logits, lse, pullback, perm
+        return logits, lse, pullback
 
     def _at_nodes(self, y, m, v, hessians=False, derivatives=True):
         """``(E, ρ, λ[, h])`` of the rule over the C−1 differences from the labelled class
@@ -326,7 +334,7 @@ class Softmax(Likelihood):
         Z, W = self._nodes()
         C = self.num_classes
         idx = jnp.asarray(y).astype(jnp.int32)
-        logits, lse, pullback, perm = self._differences(m, v, idx)
+        logits, lse, pullback = self._differences(m, v, idx)
         E = -(lse @ W)  # the labelled class is the reference: log p(y | f) = −lse
         if not derivatives:
             return E
@@ -335,7 +343,9 @@ class Softmax(Likelihood):
         # ∂E/∂(factor): −Σ_p w_p π_pj z_pl over the nodes, for the diagonal (l = j) and for the
         # shared entries below it (l = j, rows below j: the later classes' softmax summed)
         pw = [p * W for p in ps]
-        later = [sum(pw[j + 1:], jnp.zeros_like(pw[0])) for j in range(1, C)]
+        later = [jnp.zeros_like(pw[0])]  # later[j − 1] = Σ_{k > j} pw[k], as a running sum from the end
+        for j in range(C - 1, 1, -1):
+            later.insert(0, later[0] + pw[j])
         g_diag = [-(pw[j] @ Z[:, j - 1]) for j in range(1, C)]
         g_below = [-(later[j - 1] @ Z[:, j - 1]) for j in range(1, C)]
         (dv,) = pullback((g_diag, g_below))
@@ -345,9 +355,7 @@ class Softmax(Likelihood):
         lam = 2.0 * jnp.take_along_axis(dv, inv, axis=-1)
         if not hessians:
             return E, rho, lam
-        Epp = {(a, b): jnp.sum(pw[a] * ps[b], axis=-1) for a in range(C) for b in range(a, C)}
-        hp = jnp.stack([jnp.stack([Epp[min(a, b), max(a, b)] - (Ep[a] if a == b else 0.0) for b in range(C)], -1)
-                        for a in range(C)], -2)
+        hp = _mean_hessian(ps, pw, Ep)
         h = jnp.take_along_axis(jnp.take_along_axis(hp, inv[..., :, None], axis=-2), inv[..., None, :], axis=-1)
         return E, rho, lam, h
 
@@ -409,7 +417,7 @@ class Softmax(Likelihood):
         _, W = self._nodes()
         if self._over_latents:
             return jnp.einsum("npc,p->nc", jax.nn.softmax(self._latents(m, v), axis=-1), W)
-        logits, lse, _, _ = self._differences(m, v, jnp.zeros(m.shape[:-1], jnp.int32))
+        logits, lse, _ = self._differences(m, v, jnp.zeros(m.shape[:-1], jnp.int32))
         return jnp.stack([jnp.exp(f - lse) @ W for f in logits], axis=-1)
 
     def class_probabilities(self, m, v):
@@ -427,7 +435,7 @@ class Softmax(Likelihood):
         if self._over_latents:
             lp = self.log_prob(jnp.asarray(y)[..., None], self._latents(m, v))
             return jax.scipy.special.logsumexp(lp + jnp.log(W), axis=-1)
-        logits, lse, _, _ = self._differences(m, v, jnp.zeros(m.shape[:-1], jnp.int32))
+        logits, lse, _ = self._differences(m, v, jnp.zeros(m.shape[:-1], jnp.int32))
         idx = jnp.asarray(y).astype(jnp.int32)[..., None]
         fy = sum(jnp.where(idx == c, f, 0.0) for c, f in enumerate(logits))
         return jax.scipy.special.logsumexp(fy - lse + jnp.log(W), axis=-1)
