@@ -190,28 +190,34 @@ def test_too_many_nodes_is_a_value_error():
     Softmax(num_classes=2000).validate(np.array([0.0, 1999.0]))  # 1024 × 2000 entries: fine
 
 
+@pytest.mark.parametrize("n", [5, 300])
 @pytest.mark.slow
-def test_closed_form_moments_are_the_derivatives_of_the_qmc_rule():
-    C, n = 7, 5
+def test_closed_form_moments_are_the_derivatives_of_the_qmc_rule(n):
+    # n = 300 rows at C = 7: more than one block of rows (91 rows a block; the last one padded)
+    C = 7
     lik = Softmax(num_classes=C)
-    rng = np.random.default_rng(C)
+    rng = np.random.default_rng(C + n)
     m = jnp.asarray(3.0 * rng.standard_normal((n, C)))
     v = jnp.asarray(rng.uniform(0.05, 4.0, (n, C)))
     y = jnp.asarray(rng.integers(0, C, n).astype(float))
     Z, W = softmax_nodes(20, C)
 
-    def tot(m_, v_):
-        f = m_[:, None, :] + jnp.sqrt(v_)[:, None, :] * Z
-        return jnp.sum(m_[jnp.arange(n), y.astype(int)] - jax.scipy.special.logsumexp(f, axis=-1) @ W)
+    def row(m_, v_, y_):  # one row's rule, written independently of Softmax
+        f = m_ + jnp.sqrt(v_) * Z
+        return m_[y_.astype(int)] - jax.scipy.special.logsumexp(f, axis=-1) @ W
 
     E, rho, lam, h = lik.moments_and_mean_hessians(y, m, v)
-    np.testing.assert_allclose(jnp.sum(E), tot(m, v), rtol=1e-13)
-    np.testing.assert_allclose(rho, jax.grad(tot, 0)(m, v), atol=1e-12)
-    np.testing.assert_allclose(lam, 2.0 * jax.grad(tot, 1)(m, v), atol=1e-12)
-    H = jax.hessian(tot, 0)(m, v)
-    np.testing.assert_allclose(h, H[jnp.arange(n), :, jnp.arange(n), :], atol=1e-12)
+    np.testing.assert_allclose(E, jax.vmap(row)(m, v, y), rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(rho, jax.vmap(jax.grad(row, 0))(m, v, y), atol=1e-12)
+    np.testing.assert_allclose(lam, 2.0 * jax.vmap(jax.grad(row, 1))(m, v, y), atol=1e-12)
+    np.testing.assert_allclose(h, jax.vmap(jax.hessian(row, 0))(m, v, y), atol=1e-12)
     for a, b in zip(lik.variational_moments(y, m, v), (E, rho, lam)):
         np.testing.assert_array_equal(a, b)
+    np.testing.assert_allclose(lik.expected_log_prob(y, m, v), E, rtol=1e-14)
+    # leading dimensions other than one row axis: the same values, in their shape
+    E3, rho3, lam3 = lik.variational_moments(y[:4].reshape(2, 2), m[:4].reshape(2, 2, C), v[:4].reshape(2, 2, C))
+    np.testing.assert_allclose(E3.reshape(4), E[:4], rtol=1e-14)
+    np.testing.assert_allclose(lam3.reshape(4, C), lam[:4], rtol=1e-13, atol=1e-14)
 
 
 # Bounds from measurements (fixed seeds, so the numbers are reproducible): against this test's
