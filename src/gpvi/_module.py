@@ -368,6 +368,8 @@ def unflatten_params(obj: Module, unconstrained: dict[str, jax.Array]) -> Module
     trans = obj.transforms()
     values = {}
     for n, u in unconstrained.items():
-        for p in matching_parameters(obj, n) if "*" in n.split(".") else [n]:
-            values[p] = _to_constrained(u, trans[p])
+        paths = matching_parameters(obj, n) if "*" in n.split(".") else [n]
+        value = _to_constrained(u, trans[paths[0]])  # tied: one array for every match (the same transform)
+        for p in paths:
+            values[p] = value
     return obj.with_parameters(values, check=False)

@@ -270,6 +270,38 @@ def test_tied_hyperparameters_across_latents():
         flatten_params(ard, ["latents.*.kernel.lengthscale"])
 
 
+def test_latents_built_from_the_same_objects_share_one_prior_factorisation():
+    """A kernel given once for all latents, or tied across them, is factorised once (the caches
+    are the same objects); equal values in different objects are factorised again; the shared
+    caches hold what each latent computes alone, and the tied hypergradient (checked against the
+    untied sum in the test above) goes through them."""
+    from gpvi._module import flatten_params, unflatten_params
+
+    X, _ = _three_class(n=25)
+    Xj = jnp.asarray(X)
+    k = kernels.RBF(variance=1.3, lengthscale=0.8)
+    once = MultiLatent.full([k] * 3, Softmax(num_classes=3), mean=[0.1, 0.0, -0.2])
+    # (np.array: a float literal is one constant object, so RBF(variance=1.3) thrice would share it)
+    apart = MultiLatent.full([kernels.RBF(variance=np.array(1.3), lengthscale=np.array(0.8)) for _ in range(3)],
+                             Softmax(num_classes=3))
+    assert once._same_prior() == [0, 0, 0] and apart._same_prior() == [0, 1, 2]
+    c_once, c_apart = once.prior_cache(Xj), apart.prior_cache(Xj)
+    assert c_once[1] is c_once[0] and c_once[2] is c_once[0] and c_apart[1] is not c_apart[0]
+    for a, b in zip(jax.tree_util.tree_leaves(c_once), jax.tree_util.tree_leaves(c_apart)):
+        np.testing.assert_array_equal(a, b)
+    tied = unflatten_params(apart, flatten_params(apart, ["latents.*.kernel.variance", "latents.*.kernel.lengthscale"]))
+    assert tied._same_prior() == [0, 0, 0]
+    # sparse latents: one inducing array for all shares; k-means per latent gives each its own
+    Z = X[:6]
+    sp = MultiLatent.sparse(k, Softmax(num_classes=3), inducing=Z)
+    prior, passes = sp.caches(Xj)
+    assert sp._same_prior() == [0, 0, 0] and passes[2] is passes[0]
+    alone = sp.latents[1].caches(Xj)
+    np.testing.assert_allclose(passes[1], alone[1], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(prior[1], alone[0], rtol=1e-12, atol=1e-12)
+    assert MultiLatent.sparse(k, Softmax(num_classes=3), inducing=4).initialise(Xj)._same_prior() == [0, 1, 2]
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="latents"):
         MultiLatent([GP(kernels.RBF(), None)] * 2, Softmax(num_classes=3))

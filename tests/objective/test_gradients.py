@@ -242,9 +242,16 @@ def _envelope_cases():
     return [("studentt", t, X, yt), ("bernoulli", b, X, yb), ("softmax", s, X, ys)]
 
 
-@pytest.mark.parametrize("case", range(3), ids=["studentt", "bernoulli", "softmax"])
+#: the softmax case with one kernel variance and lengthscale tied across the three latents: the
+#: envelope sums their terms through one pair of triangular solves (MultiLatent._same_prior)
+_TIED = ["latents.*.kernel.variance", "latents.*.kernel.lengthscale", "latents.0.mean", "latents.1.mean",
+         "latents.2.mean"]
+
+
+@pytest.mark.parametrize("case,tied", [(0, False), (1, False), (2, False), (2, True)],
+                         ids=["studentt", "bernoulli", "softmax", "softmax-tied"])
 @pytest.mark.slow
-def test_envelope_gradient_is_the_gradient_with_q_fixed_in_function_space(case):
+def test_envelope_gradient_is_the_gradient_with_q_fixed_in_function_space(case, tied):
     """At any state (here a random one, far from the optimum) the closed-form gradient of
     :func:`vlb_envelope` — ∂VLB/∂K = ½L⁻ᵀ(V + wwᵀ − I)L⁻¹, ∂VLB/∂μ = 1ᵀL⁻ᵀw, the likelihood's
     parameters at fixed marginals — equals autodiff of the VLB with q mapped into each θ's
@@ -254,7 +261,10 @@ def test_envelope_gradient_is_the_gradient_with_q_fixed_in_function_space(case):
 
     name, model, X, y = _envelope_cases()[case]
     model = model.initialise(X)
-    names = gpvi.learnable_parameters(model)
+    names = _TIED if tied else gpvi.learnable_parameters(model)
+    if tied:  # the model at the tied values (the prior cache below must be at the same parameters)
+        model = unflatten_params(model, flatten_params(model, names))
+        assert model._same_prior() == [0, 0, 0]
     y = model.likelihood.validate(y)
     rng = np.random.default_rng(108)
     Q = getattr(model, "num_latents", None)

@@ -47,7 +47,7 @@ from gpvi.likelihoods.quadrature import hermite_nodes
 
 __all__ = ["Softmax", "product_nodes", "qmc_nodes", "softmax_nodes", "softmax_rule", "points_per_difference",
            "PRODUCT_NODES_BUDGET", "LATENT_NODES_BUDGET", "SOFTMAX_RULES",
-           "PRODUCT_MAX_CLASSES", "QMC_PAIRS_PER_POINT", "QMC_MAX_ENTRIES"]
+           "PRODUCT_MAX_CLASSES", "QMC_PAIRS_PER_POINT", "QMC_MAX_ENTRIES", "ROW_BLOCK_VALUES"]
 
 #: Most nodes of the product rule over the C − 1 differences from C ≥ 3 classes by default:
 #: ``quadrature_points`` per difference, lowered so that the product stays within this many
@@ -212,8 +212,9 @@ class Softmax(Likelihood):
       from the labelled class, :func:`points_per_difference` points per difference
       (40, 14², 6³ nodes by default);
     - C ≥ 5: antithetic scrambled-Sobol nodes with equal weights (:func:`qmc_nodes`),
-      ``quadrature_points`` sets their number (default 20: 1024 nodes for any C), so time and
-      memory grow linearly in C (about rows × nodes × C values per evaluation).  A
+      ``quadrature_points`` sets their number (default 20: 1024 nodes for any C), so time grows
+      linearly in C (rows × nodes × C values per evaluation, summed over blocks of rows of
+      about :data:`ROW_BLOCK_VALUES` values, so memory stays bounded).  A
       ``quadrature_points`` whose node array would exceed :data:`QMC_MAX_ENTRIES` raises
       ValueError (in ``validate``, so when a fit starts, or when the rule is first used).
 

@@ -13,6 +13,7 @@ inducing inputs for sparse latents).
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -132,8 +133,36 @@ class MultiLatent(Model):
         dims = {l.input_dim() for l in self.latents} - {None}
         return dims.pop() if dims else None
 
+    def _same_prior(self) -> list[int]:
+        """For each latent, the first latent whose prior is built from the very same objects
+        (kernel, jitter, inducing inputs, prior variance; not the mean): a kernel given once for
+        all latents, or a parameter tied across them (``latents.*.kernel.variance``, one array
+        for all).  Such latents share their prior and pass caches, which are computed once (a
+        full GP's O(N³) factorisation and its derivative: three times for three softmax classes
+        before).  Identity, not equality: values that are merely equal are computed again."""
+        firsts, out = {}, []
+        for q, lat in enumerate(self.latents):
+            kernel = getattr(lat, "kernel", None)
+            key = (type(lat), getattr(lat, "jitter", None), jax.tree_util.tree_structure(kernel),
+                   tuple(id(x) for x in jax.tree_util.tree_leaves(kernel)),
+                   id(getattr(lat, "inducing", None)), id(getattr(lat, "prior_variance", None)))
+            out.append(firsts.setdefault(key, q))
+        return out
+
+    def _shared(self, fn, *per_latent):
+        """``fn(latent, *its arguments)`` for each latent, computed once per group of
+        :meth:`_same_prior`."""
+        same, out = self._same_prior(), []
+        for q, lat in enumerate(self.latents):
+            out.append(out[same[q]] if same[q] < q else fn(lat, *(a[q] for a in per_latent)))
+        return tuple(out)
+
     def prior_cache(self, X):
-        return tuple(l.prior_cache(X) for l in self.latents)
+        return self._shared(lambda l: l.prior_cache(X))
+
+    def caches(self, X):
+        both = self._shared(lambda l: l.caches(X))
+        return tuple(b[0] for b in both), tuple(b[1] for b in both)
 
     def project(self, cache, Xc):
         """``At`` (Q, d, n), ``b`` (Q, n), ``c`` (Q, n): each latent's projections, stacked."""
@@ -150,7 +179,7 @@ class MultiLatent(Model):
         return all(l.triangular_training_projection() for l in self.latents)
 
     def pass_cache(self, cache):
-        return tuple(l.pass_cache(pc) for l, pc in zip(self.latents, cache))
+        return self._shared(lambda l, pc: l.pass_cache(pc), cache)
 
     def project_many(self, pcache, Xc):
         parts = [l.project_many(pc, Xc) for l, pc in zip(self.latents, pcache)]

@@ -86,18 +86,28 @@ def vlb_envelope(model: Model, prior, chunks: Chunks, state: State, blocks: int,
     priors = prior if Q else (prior,)
     means = state.mean if Q else state.mean[None]
     chols = state.chol if Q else state.chol[None]
+    # Latents that share their prior (MultiLatent._same_prior: one kernel for all, or tied
+    # parameters) share K and L: their terms ½⟨L⁻ᵀ M_q L⁻¹, K⟩ add up to one with Σ_q M_q, so the
+    # two (d, d) triangular solves and the kernel's derivative are done once per group (USPS
+    # 4-7-9, one kernel for three latents: 2 solves instead of 6, each 1.9 GFLOP).
+    same = model._same_prior() if Q else [0]
     out = jnp.zeros(())
-    for q, (lat, (X, L, nugget)) in enumerate(zip(lats, priors)):
-        L, w, C = sg(L), sg(means[q]), sg(chols[q])
-        d = w.shape[0]
-        Vw = C @ C.T + jnp.outer(w, w) - jnp.eye(d, dtype=C.dtype)  # V + w wᵀ − I
+    for g in sorted(set(same)):
+        lat, (X, L, nugget) = lats[g], priors[g]
+        L = sg(L)
+        d = L.shape[0]
+        Vw = jnp.zeros((d, d), L.dtype)
+        for q in (q for q in range(len(lats)) if same[q] == g):
+            w, C = sg(means[q]), sg(chols[q])
+            Vw = Vw + C @ C.T + jnp.outer(w, w) - jnp.eye(d, dtype=C.dtype)  # V + w wᵀ − I
+            z = solve_triangular(L, w, lower=True, trans="T")  # K⁻¹ (m_f − μ) = L⁻ᵀ w
+            out = out + lats[q].mean * jnp.sum(z)
         Y = solve_triangular(L, Vw, lower=True, trans="T")  # L⁻ᵀ (V + w wᵀ − I)
         B = solve_triangular(L, Y.T, lower=True, trans="T")  # … L⁻¹ (the middle factor is symmetric)
-        z = solve_triangular(L, w, lower=True, trans="T")  # K⁻¹ (m_f − μ) = L⁻ᵀ w
         K = lat.kernel(X, X)
         s = jitter_scale(K)
         K_eff = K + sg(nugget / s) * s * jnp.eye(d, dtype=K.dtype)  # the factor's jitter multiplier, frozen
-        out = out + 0.5 * jnp.sum(B * K_eff) + lat.mean * jnp.sum(z)
+        out = out + 0.5 * jnp.sum(B * K_eff)
     if likelihood:
         fixed = sg(model).replace(likelihood=model.likelihood)
         out = out + expected_in_hyperparameters(fixed, sg(prior), chunks, state, blocks,
