@@ -214,6 +214,10 @@ def test_closed_form_moments_are_the_derivatives_of_the_qmc_rule(n):
     for a, b in zip(lik.variational_moments(y, m, v), (E, rho, lam)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(lik.expected_log_prob(y, m, v), E, rtol=1e-14)
+    # reverse mode through the blocks of rows (the hypergradients differentiate E itself)
+    g_m, g_v = jax.grad(lambda m_, v_: jnp.sum(lik.expected_log_prob(y, m_, v_)), (0, 1))(m, v)
+    np.testing.assert_allclose(g_m, rho, atol=1e-12)
+    np.testing.assert_allclose(2.0 * g_v, lam, atol=1e-12)
     # leading dimensions other than one row axis: the same values, in their shape
     E3, rho3, lam3 = lik.variational_moments(y[:4].reshape(2, 2), m[:4].reshape(2, 2, C), v[:4].reshape(2, 2, C))
     np.testing.assert_allclose(E3.reshape(4), E[:4], rtol=1e-14)

@@ -19,7 +19,7 @@ import numpy as np
 
 from gpvi._module import positional
 from gpvi.likelihoods import Likelihood
-from gpvi.models.base import GP, Model, SparseGP
+from gpvi.models.base import GLM, GP, Model, SparseGP
 
 __all__ = ["MultiLatent"]
 
@@ -139,9 +139,13 @@ class MultiLatent(Model):
         all latents, or a parameter tied across them (``latents.*.kernel.variance``, one array
         for all).  Such latents share their prior and pass caches, which are computed once (a
         full GP's O(N³) factorisation and its derivative: three times for three softmax classes
-        before).  Identity, not equality: values that are merely equal are computed again."""
+        before).  Identity, not equality: values that are merely equal are computed again; and
+        only for the built-in GP, SparseGP and GLM, whose priors use no other fields."""
         firsts, out = {}, []
         for q, lat in enumerate(self.latents):
+            if type(lat) not in (GP, SparseGP, GLM):  # another model's prior may use other fields
+                out.append(q)
+                continue
             kernel = getattr(lat, "kernel", None)
             key = (type(lat), getattr(lat, "jitter", None), jax.tree_util.tree_structure(kernel),
                    tuple(id(x) for x in jax.tree_util.tree_leaves(kernel)),
