@@ -56,6 +56,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln
 
@@ -405,7 +406,6 @@ class _Layout:
             self.bounds = None
         elif kind == "poisson":
             self.n_free = self.N
-            import scipy.optimize  # here, not at import gpvi: it takes a third of a second
             self.bounds = scipy.optimize.Bounds(np.full(self.N, _POISSON_GAMMA_MIN), np.full(self.N, np.inf))
         else:
             lo_a, hi_a = _A_EDGE, _a_max(lik)
@@ -413,7 +413,6 @@ class _Layout:
             a_lo = np.where(ya > 0, lo_a, -hi_a)
             a_hi = np.where(ya > 0, hi_a, -lo_a)
             self.n_free = 2 * self.N
-            import scipy.optimize  # here, not at import gpvi: it takes a third of a second
             self.bounds = scipy.optimize.Bounds(
                 np.concatenate([a_lo, np.zeros(self.N)]),
                 np.concatenate([a_hi, np.full(self.N, _gamma_max(lik))]))
@@ -591,7 +590,6 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     else:
         # As in the gradient engine: restart with fresh curvature pairs while a run still makes
         # progress (a huge first step can make later relative changes look tiny).
-        import scipy.optimize  # here, not at import gpvi: it takes a third of a second
         for _ in range(20):
             D_start = cur["D"]
             res = scipy.optimize.minimize(

@@ -33,6 +33,7 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
+import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 
 from gpvi._compile import bucket
@@ -208,7 +209,6 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
         raise ValueError("the collapsed bound or its gradient is not finite at the starting hyperparameters "
                          f"{names}; check their values (or fit without learning them)")
     rows.append((time.perf_counter() - t0, bound(x0, f0)))
-    import scipy.optimize  # here, not at import gpvi: it takes a third of a second
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
     learned = unflatten_params(model, unravel(jnp.asarray(best[1])))

@@ -44,6 +44,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.optimize
 from jax.scipy.linalg import cho_solve, solve_triangular  # noqa: F401
 
 from gpvi._module import flatten_params, unflatten_params
@@ -352,11 +353,9 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
                 v, g = fun(np.concatenate([xq, x0[nv:]]))
                 return v, g[:nv]
 
-            import scipy.optimize  # here, not at import gpvi: it takes a third of a second
             rq = scipy.optimize.minimize(fun_q, x0[:nv], jac=True, method="L-BFGS-B", callback=on_iteration,
                                          options=opts)
             x0 = np.concatenate([rq.x, x0[nv:]])
-        import scipy.optimize  # here, not at import gpvi: it takes a third of a second
         res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=on_iteration, options=opts)
     finally:
         if show is not None:
