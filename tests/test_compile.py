@@ -289,3 +289,25 @@ def test_several_latents_pad_rows_only_on_small_training_sets(rng):
     assert pads_rows(single, 20000)
     assert not pads_rows(gpvi.GP(gpvi.kernels.RBF(), L.Bernoulli()), 100)
     assert not pads_rows(gpvi.MultiLatent.full(gpvi.kernels.RBF(), gpvi.Softmax(num_classes=3)), 100)
+
+
+def test_strong_parameters_keeps_one_array_for_a_value_given_once():
+    """A kernel given once for all latents stays one set of arrays (its latents share their prior
+    factorisation); separate objects with equal values stay separate; every value becomes a
+    strongly typed float64 array with the value given."""
+    from gpvi._compile import strong_parameters
+    from gpvi.likelihoods import Softmax
+    from gpvi.models import MultiLatent
+
+    k = gpvi.kernels.RBF(variance=1.5, lengthscale=0.7)
+    once = strong_parameters(MultiLatent.full([k] * 3, Softmax(num_classes=3), mean=[0.1, 0.2, 0.3]))
+    assert once._same_prior() == [0, 0, 0]
+    assert once.latents[2].kernel.variance is once.latents[0].kernel.variance
+    assert once.latents[2].mean is not once.latents[0].mean  # the means were three values
+    apart = strong_parameters(MultiLatent.full([gpvi.kernels.RBF(variance=np.array(1.5), lengthscale=np.array(0.7))
+                                                for _ in range(3)], Softmax(num_classes=3)))
+    assert apart._same_prior() == [0, 1, 2]
+    for m in (once, apart):
+        for name, v in m.parameters().items():
+            assert v.dtype == np.float64 and not v.weak_type, name
+    assert float(once.latents[1].kernel.variance) == 1.5 and float(once.latents[2].mean) == 0.3

@@ -92,11 +92,28 @@ def strong_parameters(model):
     """``model`` with every parameter a strongly typed float64 array.
 
     A Python float given by the user becomes a *weakly* typed JAX scalar, and the learned values
-    are strongly typed: the same programs were compiled twice per shape, once for each."""
+    are strongly typed: the same programs were compiled twice per shape, once for each.
+
+    A value that several parameters hold (one kernel given for all latents of a
+    :class:`~gpvi.models.MultiLatent`) becomes one array for all of them, so that those latents
+    still share their prior factorisation (:meth:`~gpvi.models.MultiLatent._same_prior` groups by
+    identity)."""
     import numpy as np
 
-    params = model.parameters()
-    return model.with_parameters({k: np.asarray(v, np.float64) for k, v in params.items()}, check=False)
+    def raw(path):  # the field's own value (parameters() gives a new array per path)
+        obj = model
+        for part in path.split("."):
+            obj = obj[int(part)] if isinstance(obj, (tuple, list)) else getattr(obj, part)
+        return obj
+
+    converted = {}  # id of a field's value → (that value, its float64 array)
+    out = {}
+    for path, v in model.parameters().items():
+        r = raw(path)
+        if id(r) not in converted:
+            converted[id(r)] = (r, np.asarray(v, np.float64))  # r kept alive: its id stays unique
+        out[path] = converted[id(r)][1]
+    return model.with_parameters(out, check=False)
 
 
 def default_cache_dir() -> str:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import gpvi
-from gpvi import GP, MonteCarlo, Objective, kernels
+from gpvi import GP, MonteCarlo, Objective, SparseGP, kernels
 from gpvi import likelihoods as L
 from gpvi.models.multilatent import MultiLatent
 from gpvi.objective import State, prior_state
@@ -299,7 +299,16 @@ def test_latents_built_from_the_same_objects_share_one_prior_factorisation():
     alone = sp.latents[1].caches(Xj)
     np.testing.assert_allclose(passes[1], alone[1], rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(prior[1], alone[0], rtol=1e-12, atol=1e-12)
-    assert MultiLatent.sparse(k, Softmax(num_classes=3), inducing=4).initialise(Xj)._same_prior() == [0, 1, 2]
+    # initialised from one M (k-means once) or one array, the latents keep one inducing array
+    for given in (4, Z):
+        init = MultiLatent.sparse(k, Softmax(num_classes=3), inducing=given).initialise(X)
+        assert init._same_prior() == [0, 0, 0]
+        alone = SparseGP(k, None, inducing=given).initialise(X).inducing
+        np.testing.assert_array_equal(init.latents[2].inducing, alone)
+    # latents given their own inducing objects keep their own
+    own = MultiLatent((SparseGP(k, None, inducing=X[:4]), SparseGP(k, None, inducing=X[1:5]),
+                       SparseGP(k, None, inducing=X[:4])), Softmax(num_classes=3)).initialise(X)
+    assert own._same_prior() == [0, 1, 2]
 
 
 def test_bad_input():

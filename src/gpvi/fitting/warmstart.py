@@ -15,7 +15,8 @@ runs of the search took 598 fixed-point iterations in all with this map against 
 inducing values (sparse GP), the training latents (full GP) or the weights (GLM) is
 unchanged: with ``T = L_new⁻¹ L_old`` (lower triangular),
 ``m ← T m + L_new⁻¹ (μ_old − μ_new)`` and ``chol V ← T chol V``; for a
-:class:`~gpvi.models.multilatent.MultiLatent`, latent by latent.
+:class:`~gpvi.models.multilatent.MultiLatent`, latent by latent (with ``T`` computed once where
+all latents share one prior factor).
 """
 from __future__ import annotations
 
@@ -70,6 +71,21 @@ def _carry_latents(L_old, L_new, mu_old, mu_new, state):
     return map_latents(_carry_one, Lo, Ln, mo, mn, state)
 
 
+@jax.jit
+def _carry_shared(L_old, L_new, mu_old, mu_new, state):
+    """:func:`_carry_one` for latents that all share one prior factor (one kernel for all
+    classes, or tied parameters): ``T = L_new⁻¹ L_old`` and ``L_new⁻¹ 1`` from one solve for all
+    of them, where :func:`_carry_latents` solved the same system once per latent (d = 1 233 on
+    USPS 4-7-9: three O(d³) solves per evaluation of the hyperparameter search).  The means may
+    differ per latent: the shift ``L_new⁻¹ (μ_old − μ_new) 1`` is that solve's last column scaled."""
+    d = L_new.shape[0]
+    Ts = solve_triangular(L_new, jnp.concatenate([L_old, jnp.ones((d, 1))], axis=1), lower=True)
+    T, ones = Ts[:, :d], Ts[:, d]
+    shift = (jnp.stack(mu_old) - jnp.stack(mu_new))[:, None] * ones  # (Q, d)
+    mean = state.mean @ T.T + shift
+    return State(mean, jnp.tril(jnp.matmul(T, state.chol)))
+
+
 def supported(model) -> bool:
     if isinstance(model, MultiLatent):
         return all(supported(l) for l in model.latents)
@@ -101,7 +117,9 @@ def carry(old_objective, new_objective, state: State) -> State:
         parts = lambda m, prior: (tuple(_factor(l, p, d) for l, p in zip(m.latents, prior)),  # noqa: E731
                                   tuple(_mean(l) for l in m.latents))
         (Lo, mo), (Ln, mn) = parts(old, old_objective.prior), parts(new, new_objective.prior)
-        out = _carry_latents(Lo, Ln, mo, mn, state)
+        one_prior = old._same_prior() == new._same_prior() == [0] * len(old.latents)
+        out = (_carry_shared(Lo[0], Ln[0], mo, mn, state) if one_prior
+               else _carry_latents(Lo, Ln, mo, mn, state))
     else:
         out = _carry(_factor(old, old_objective.prior, d), _factor(new, new_objective.prior, d),
                      _mean(old), _mean(new), state)

@@ -117,8 +117,20 @@ class MultiLatent(Model):
         return f"{type(self).__name__} of {len(lats)} {'/'.join(kinds)} latent functions{size}" + (f", {shown}" if shown else "")
 
     def initialise(self, X, y=None, *, seed: int = 0):
-        lat = tuple(l.initialise(X, y, seed=seed) for l in self.latents)
-        out = self.replace(latents=lat)
+        """Each latent made concrete for ``X``.  Sparse latents given the same ``inducing`` object
+        (one M or one array for all, as :meth:`sparse` builds them) get one array of inducing
+        inputs: k-means runs once, and the latents keep sharing their prior factorisation
+        (:meth:`_same_prior`)."""
+        done, lat = {}, []  # id of a given `inducing` → (it, the initialised inputs)
+        for l in self.latents:
+            if type(l) is SparseGP and l.inducing is not None and id(l.inducing) in done:
+                lat.append(l.replace(inducing=done[id(l.inducing)][1]))
+                continue
+            new = l.initialise(X, y, seed=seed)
+            if type(l) is SparseGP and l.inducing is not None:
+                done[id(l.inducing)] = (l.inducing, new.inducing)  # (kept alive: the id stays unique)
+            lat.append(new)
+        out = self.replace(latents=tuple(lat))
         out.num_weights(X)  # same d for all latents
         return out
 
