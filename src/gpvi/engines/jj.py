@@ -63,7 +63,7 @@ from gpvi.likelihoods import Bernoulli
 from gpvi.objective import Objective, State, chunk_setup, stacked_state, marginals_stacked, chunk_projection, vlb_in_hyperparameters
 from gpvi.likelihoods.surrogates import COEFFICIENTS, SURROGATES, optimal_xi
 from gpvi.engines.registry import Engine
-from gpvi.engines._common import (STOPPED, EngineResult, Progress, call_on_state, check_on_state, estimated_gap,
+from gpvi.engines._common import (STOPPED, Clock, EngineResult, Progress, call_on_state, estimated_gap,
                                  final_gap, flip, gap_threshold, reversed_chol, target_and_step, tri_inv)
 from gpvi._watchdog import paused
 
@@ -190,22 +190,21 @@ _true_vlb = jax.jit(vlb_in_hyperparameters)
 
 
 # ---- clock with off-clock evaluations ----------------------------------------------------------
-class _Clock:
-    """(seconds, true VLB) rows; the true VLB (and any ``on_state`` hook) is evaluated off the
-    clock, i.e. its time is subtracted from every later row."""
+class _Clock(Clock):
+    """:class:`~gpvi.engines._common.Clock` whose rows hold the *true* VLB while the engine
+    steps on its surrogate: the true VLB (and any ``on_state`` hook) is evaluated off the clock,
+    i.e. its time is subtracted from every later row; the surrogate's bound is kept alongside."""
 
     def __init__(self, callback=None, on_state=None):
-        self.t0 = time.perf_counter()
+        super().__init__(callback, on_state)
         self.off = 0.0
-        self.rows: list[tuple[float, float]] = []
         self.surrogate: list[float] = []
-        self.callback, self.on_state = callback, check_on_state(on_state)
-        self.stopped = False  # the hook returned True
 
     def now(self):
         return time.perf_counter() - self.t0 - self.off
 
     def tick(self, iteration, true_vlb_fn, model, state, surrogate=float("nan")):
+        """Record iteration ``iteration`` at ``state`` (of ``model``); returns the true VLB."""
         jax.block_until_ready(state)
         t = self.now()
         s = time.perf_counter()
@@ -219,10 +218,6 @@ class _Clock:
             with paused():
                 self.callback(iteration, v, t)
         return v
-
-    @property
-    def trace(self):
-        return np.asarray(self.rows, dtype=np.float64).reshape(-1, 2)
 
 
 def _finite_state(state) -> bool:
