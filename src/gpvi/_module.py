@@ -324,11 +324,24 @@ def _to_constrained(u, transform):
     return u
 
 
+#: Suffix of a learned name whose array's elements all share one value (``"kernel.lengthscale[*]"``:
+#: one lengthscale for every feature, kept in the ARD kernel's shape).
+ELEMENTS = "[*]"
+
+
+def shares_elements(name: str) -> bool:
+    """Whether ``name`` ends in :data:`ELEMENTS` (one value for all elements of the array)."""
+    return name.endswith(ELEMENTS)
+
+
 def matching_parameters(obj: Module, name: str) -> list[str]:
     """The dotted parameter paths of ``obj`` that ``name`` stands for: itself, or, where a path
     segment is ``*`` (e.g. ``latents.*.kernel.lengthscale``), every path that matches it with any
-    one segment there — one *tied* parameter shared by all of them."""
+    one segment there — one *tied* parameter shared by all of them.  A trailing :data:`ELEMENTS`
+    (``kernel.lengthscale[*]``) names the same paths; it ties the elements of each array too."""
     trans = obj.transforms()
+    if shares_elements(name):
+        name = name[:-len(ELEMENTS)]
     if "*" not in name.split("."):
         return [name] if name in trans else []
     want = name.split(".")
@@ -344,7 +357,8 @@ def unknown_parameters(obj: Module, names) -> list[str]:
 def flatten_params(obj: Module, names: list[str]) -> dict[str, jax.Array]:
     """Unconstrained values of the named parameters of ``obj``; a name with a ``*`` segment is one
     tied parameter (:func:`matching_parameters`), started at the mean of its matches'
-    unconstrained values."""
+    unconstrained values; a name ending in :data:`ELEMENTS` is one scalar, started at the mean
+    of its array's unconstrained elements."""
     params, trans = obj.parameters(), obj.transforms()
     out = {}
     for n in names:
@@ -352,6 +366,8 @@ def flatten_params(obj: Module, names: list[str]) -> dict[str, jax.Array]:
         if not paths:
             raise ValueError(f"{n!r} names no parameter of {type(obj).__name__}; known: {sorted(trans)}")
         vals = [_to_unconstrained(params[p], trans[p]) for p in paths]
+        if shares_elements(n):
+            vals = [jnp.mean(v) for v in vals]
         if len({np.shape(v) for v in vals}) != 1 or len({trans[p] for p in paths}) != 1:
             raise ValueError(f"{n!r} ties parameters of different shapes or transforms: {paths}")
         out[n] = vals[0] if len(vals) == 1 else sum(vals) / len(vals)
@@ -366,10 +382,17 @@ def unflatten_params(obj: Module, unconstrained: dict[str, jax.Array]) -> Module
     from, not an exception.
     """
     trans = obj.transforms()
+    shapes = {p: jnp.shape(v) for p, v in obj.parameters().items()} if any(map(shares_elements, unconstrained)) else {}
     values = {}
     for n, u in unconstrained.items():
-        paths = matching_parameters(obj, n) if "*" in n.split(".") else [n]
+        paths = matching_parameters(obj, n) if ("*" in n.split(".") or shares_elements(n)) else [n]
         value = _to_constrained(u, trans[paths[0]])  # tied: one array for every match (the same transform)
+        # with a trailing [*], one value for every element, in each array's own shape (one array
+        # per shape, so that tied matches still hold one object)
+        spread = {}
         for p in paths:
-            values[p] = value
+            if shares_elements(n):
+                values[p] = spread.setdefault(shapes[p], jnp.broadcast_to(value, shapes[p]))
+            else:
+                values[p] = value
     return obj.with_parameters(values, check=False)

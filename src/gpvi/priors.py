@@ -203,7 +203,7 @@ class LogPrior:
                 by_path[p] = prior  # a later, more specific entry overrides an earlier pattern
         self.terms = {}
         for n in names:
-            paths = matching_parameters(model, n) if "*" in n.split(".") else [n]
+            paths = matching_parameters(model, n) or [n]  # (`*` segments and a trailing [*] stand for paths)
             # a tied name is one parameter: each distinct prior of its matches counts once
             priors = list(dict.fromkeys(by_path[p] for p in paths if p in by_path))
             if priors:

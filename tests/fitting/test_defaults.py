@@ -102,8 +102,9 @@ def test_two_stages_and_kernel_start():
 
 
 def test_fit_default_runs_two_stages():
-    """The second stage starts from the first's optimum widened to ARD, warm-started from its
-    state, with at most ARD_ROUNDS rounds; its seconds count both."""
+    """The first stage ties the lengthscales of the ARD-shaped kernel into one; the second starts
+    from its optimum with each lengthscale free, warm-started from its state, with at most
+    ARD_ROUNDS rounds; its seconds count both."""
     calls = []
 
     class Result:
@@ -115,14 +116,18 @@ def test_fit_default_runs_two_stages():
         return Result(model, 2.0)
 
     Xs = np.eye(3)
-    model = defaults.build_model("full", gpvi.likelihoods.Bernoulli(), 0.0, Xs, two_stage=True)
-    result, damped = defaults.fit_default(model, Xs, np.array([0, 1, 1.0]), fit=fake_fit, learn=["mean"],
+    model = defaults.build_model("full", gpvi.likelihoods.Bernoulli(), 0.0, Xs)
+    learn = ["mean", "kernel.lengthscale", "kernel.variance"]
+    result, damped = defaults.fit_default(model, Xs, np.array([0, 1, 1.0]), fit=fake_fit, learn=learn,
                                           two_stage=True, max_rounds=100, engine="fpi", seed=3)
     assert len(calls) == 2 and damped == 2 and result.seconds == 4.0
     (first, kw1), (second, kw2) = calls
-    assert np.ndim(first.kernel.lengthscale) == 0 and np.shape(second.kernel.lengthscale) == (3,)
+    # both stages have the ARD shape (the same compiled programs); the first ties the lengthscales
+    assert np.shape(first.kernel.lengthscale) == np.shape(second.kernel.lengthscale) == (3,)
+    assert kw1["learn_hyperparameters"] == ["mean", "kernel.lengthscale[*]", "kernel.variance"]
+    assert kw2["learn_hyperparameters"] == learn
     assert kw1["max_rounds"] == 100 and kw2["max_rounds"] == defaults.ARD_ROUNDS
-    assert kw2["init"] == "state1" and kw1["seed"] == kw2["seed"] == 3 and kw2["learn_hyperparameters"] == ["mean"]
+    assert kw2["init"] == "state1" and kw1["seed"] == kw2["seed"] == 3
     # the isotropic stage, only a start, stops at FIRST_STAGE_TOL (or the fit's tol if looser)
     assert kw1["tol"] == defaults.FIRST_STAGE_TOL and "tol" not in kw2
     for tol, first_tol in ((1e-8, defaults.FIRST_STAGE_TOL), (1e-2, 1e-2)):

@@ -256,3 +256,36 @@ def test_learned_hyperparameters_do_not_climb_the_jitter():
     # Cross-check: b's hyperparameters under a's jitter give a's bound to the same precision.
     cross = gpvi.fit(b.model.replace(jitter=1e-10), X, y)
     assert abs(cross.vlb - a.vlb) <= 1e-3
+
+
+def test_a_lengthscale_with_tied_elements_learns_what_an_isotropic_kernel_learns(rng):
+    """``kernel.lengthscale[*]`` on an ARD kernel (the default estimators' first stage) is one
+    learned value: the fit ends where the same search with an isotropic kernel ends, with every
+    element equal, under the same weak prior (one term, not one per feature)."""
+    from gpvi import priors
+    from gpvi._module import flatten_params, unflatten_params
+
+    X = rng.normal(size=(40, 3))
+    y = (X[:, 0] - 0.5 * X[:, 1] + 0.3 * rng.normal(size=40) > 0).astype(float)
+    iso = gpvi.GP(gpvi.kernels.RBF(variance=1.0, lengthscale=1.7), gpvi.likelihoods.Bernoulli())
+    ard = gpvi.GP(gpvi.kernels.RBF(variance=1.0, lengthscale=np.full(3, 1.7)), gpvi.likelihoods.Bernoulli())
+    # flattened: one scalar at the mean of the elements' unconstrained values; unflattened: every element
+    theta = flatten_params(gpvi.GP(gpvi.kernels.RBF(lengthscale=np.array([1.0, np.e, np.e ** 2])), None),
+                           ["kernel.lengthscale[*]"])
+    assert np.shape(theta["kernel.lengthscale[*]"]) == ()
+    back = unflatten_params(ard, theta).kernel.lengthscale
+    assert np.shape(back) == (3,) and np.ptp(np.asarray(back)) == 0.0
+    hp = priors.weak(ard, dimensions=3)
+    fits = [gpvi.fit(m, X, y, learn_hyperparameters=names, hyperprior=hp, tol=1e-9)
+            for m, names in ((iso, ["kernel.variance", "kernel.lengthscale"]),
+                             (ard, ["kernel.variance", "kernel.lengthscale[*]"]))]
+    ls = np.asarray(fits[1].model.kernel.lengthscale)
+    assert ls.shape == (3,) and np.ptp(ls) == 0.0
+    np.testing.assert_allclose(ls[0], float(fits[0].model.kernel.lengthscale), rtol=1e-4)
+    np.testing.assert_allclose(float(fits[1].model.kernel.variance), float(fits[0].model.kernel.variance), rtol=1e-4)
+    np.testing.assert_allclose(fits[1].vlb, fits[0].vlb, rtol=1e-7)
+    assert fits[1].learned == ("kernel.variance", "kernel.lengthscale[*]")
+    # the prior counts once for the tied elements, as for the isotropic kernel's one lengthscale
+    u = {"kernel.lengthscale[*]": np.array(0.4)}
+    assert priors.LogPrior(ard, ["kernel.lengthscale[*]"], hp)(u)[0] == pytest.approx(
+        priors.LogPrior(iso, ["kernel.lengthscale"], priors.weak(iso, dimensions=3))({"kernel.lengthscale": np.array(0.4)})[0])

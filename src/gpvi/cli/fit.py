@@ -114,7 +114,7 @@ def cmd_fit(args) -> int:
                 raise UsageError(f"--inducing must be a positive number of inducing inputs, got {M}")
         if kernel_spec is None:  # the default kernel (RBF, ARD), searched in two stages where it helps
             two_stage = _defaults.uses_two_stages(likelihood, D, default_kernel=True, learn_all=args.learn)
-            model = _defaults.build_model(kind, likelihood, mean0, Xs, inducing=M, two_stage=two_stage)
+            model = _defaults.build_model(kind, likelihood, mean0, Xs, inducing=M)
         else:  # --kernel: started at the default's lengthscale (median distance), searched in one stage
             kernel = _kernels.kernel_from_spec(kernel_spec, D, ard=args.ard is not False,
                                                lengthscale=_defaults.median_distance(Xs))

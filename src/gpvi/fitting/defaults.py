@@ -37,9 +37,11 @@ adds is its own input handling (label coding, column names, the model file).  Th
   every lengthscale starts at the isotropic value and the search continues from the first
   stage's parameters and variational state (``init=``) for at most :data:`ARD_ROUNDS`
   L-BFGS-B rounds (``max_rounds`` if smaller).  The first stage, only a start, stops at the
-  looser relative tolerance :data:`FIRST_STAGE_TOL`; the second stops at the fit's ``tol``.  A Gaussian likelihood's collapsed bound is
-  cheap to search directly, and a first stage with other parameter shapes would compile every
-  program twice, so Gaussian noise goes straight to ARD.
+  looser relative tolerance :data:`FIRST_STAGE_TOL`; the second stops at the fit's ``tol``.
+  The first stage's kernel already has the ARD shape, its lengthscales tied into one learned
+  value (``kernel.lengthscale[*]``, :func:`isotropic_names`), so both stages run the same
+  compiled programs.  A Gaussian likelihood's collapsed bound is cheap to search directly, so
+  Gaussian noise goes straight to ARD.
 
 The engine (``fpi``), tolerances (``tol=1e-6``, ``max_iter=500``, ``max_rounds=100``) and seed
 (0) are the front ends' own parameters, with these defaults in both.
@@ -52,6 +54,7 @@ import numpy as np
 import scipy.special
 
 from gpvi import kernels, likelihoods, priors
+from gpvi._module import ELEMENTS
 from gpvi.likelihoods.scalar import QuasiPoisson
 from gpvi.likelihoods.softmax import Softmax
 from gpvi.likelihoods.warped import Warped
@@ -61,7 +64,8 @@ from gpvi.models.multilatent import MultiLatent
 __all__ = ["ARD_ROUNDS", "FIRST_STAGE_TOL", "FULL_MAX", "FULL_MAX_REGRESSION", "INDUCING", "NOISE_SCALE", "STUDENT_T_DF",
            "ORDINAL_FIXED", "median_distance", "isotropic_start", "ard_from", "standardise_inputs",
            "standardise_target", "full_max", "model_kind", "inducing_count", "likelihood_start",
-           "default_kernel_start", "uses_two_stages", "build_model", "learned_parameters", "fit_default"]
+           "default_kernel_start", "uses_two_stages", "build_model", "learned_parameters", "isotropic_names",
+           "fit_default"]
 
 #: L-BFGS-B rounds of the ARD stage
 ARD_ROUNDS = 30
@@ -225,7 +229,7 @@ def median_distance(X, rows: int = 1000, seed: int = 0) -> float:
 
 
 def isotropic_start(X) -> kernels.RBF:
-    """The first stage's kernel: variance 1, one lengthscale = the median distance."""
+    """An isotropic RBF kernel: variance 1, one lengthscale = the median distance."""
     return kernels.RBF(variance=1.0, lengthscale=median_distance(X))
 
 
@@ -251,18 +255,18 @@ def uses_two_stages(likelihood, D: int, *, default_kernel: bool, learn_all: bool
 
 
 # --- model ------------------------------------------------------------------------------------
-def build_model(kind: str, likelihood, mean, Xs, *, kernel=None, inducing: int | None = None,
-                two_stage: bool = False):
+def build_model(kind: str, likelihood, mean, Xs, *, kernel=None, inducing: int | None = None):
     """The model to fit: a full GP (``kind="full"``) or a sparse GP with ``inducing`` k-means
     inducing inputs (default :func:`inducing_count`) on the standardised inputs ``Xs``, with
     ``likelihood`` and constant prior ``mean``; one latent GP per class (:class:`MultiLatent`)
     when the likelihood has several latents, each with its own mean (``mean`` an array) and
     kernel (``kernel`` one kernel or a list of one per latent).  ``kernel=None``: the default
-    kernel, isotropic when ``two_stage``."""
+    kernel (:func:`default_kernel_start`, one lengthscale per feature; a two-stage fit ties them
+    in its first stage, :func:`fit_default`)."""
     if kind not in ("full", "sparse"):
         raise ValueError(f"kind must be 'full' or 'sparse', got {kind!r}")
     if kernel is None:
-        kernel = default_kernel_start(Xs, isotropic=two_stage)
+        kernel = default_kernel_start(Xs)  # ARD-shaped even for two stages (see fit_default)
     Q = getattr(likelihood, "num_latents", 1)
     if isinstance(kernel, (list, tuple)):
         if len(kernel) not in (1, Q):
@@ -288,11 +292,14 @@ def learned_parameters(model) -> list[str]:
     return [p for p in learnable_parameters(model) if p not in fixed]
 
 
-def _with_ard(model, D: int):
-    """``model`` with its (isotropic) kernel, or each latent's, widened to ARD over ``D`` features."""
-    if isinstance(model, MultiLatent):
-        return model.replace(latents=tuple(lat.replace(kernel=ard_from(lat.kernel, D)) for lat in model.latents))
-    return model.replace(kernel=ard_from(model.kernel, D))
+def isotropic_names(names) -> list[str]:
+    """The first stage's learned names: every kernel lengthscale among ``names`` with its
+    elements tied (``kernel.lengthscale[*]``, :data:`gpvi._module.ELEMENTS`) — one lengthscale
+    for all features, kept in the ARD kernel's shape so that both stages run the same compiled
+    programs (an isotropic kernel's scalar lengthscale made every program of the fit compile,
+    or load from the disk cache, twice: iris's warm-cache first fit spent 0.7 s on its second
+    stage's programs)."""
+    return [n + ELEMENTS if n.split(".")[-2:] == ["kernel", "lengthscale"] else n for n in names]
 
 
 # --- hyperprior -------------------------------------------------------------------------------
@@ -343,22 +350,24 @@ def fit_default(model, Xs, y, *, learn, two_stage: bool, fit=None, max_rounds: i
 
     One call of ``fit`` (default :func:`gpvi.fit`; a front end may pass the function it calls)
     with ``learn_hyperparameters=learn``, ``max_rounds`` and ``options`` (engine, tolerances,
-    offset, seed, progress, …); with ``two_stage`` (``model``'s kernel isotropic) that first one
-    to the relative tolerance ``max(tol, FIRST_STAGE_TOL)``, then a second one from its optimum
-    with every lengthscale its own (ARD), warm-started from its
-    variational state, for at most :data:`ARD_ROUNDS` rounds.  The second result is returned,
-    its ``seconds`` counting both stages.
+    offset, seed, progress, …); with ``two_stage`` (``model``'s kernel the default ARD RBF) that
+    first one with the lengthscales tied into one (:func:`isotropic_names`) to the relative
+    tolerance ``max(tol, FIRST_STAGE_TOL)``, then a second one from its optimum with every
+    lengthscale its own (ARD), warm-started from its variational state, for at most
+    :data:`ARD_ROUNDS` rounds.  The second result is returned, its ``seconds`` counting both
+    stages.
     """
     if fit is None:
         from gpvi.fitting.fit import fit
-    first_options = dict(options)
+    first_options, first_learn = dict(options), learn
     if two_stage:  # the isotropic stage is a start: a looser tolerance (FIRST_STAGE_TOL)
         first_options["tol"] = max(float(options.get("tol", 1e-6)), FIRST_STAGE_TOL)
-    result = fit(model, Xs, y, learn_hyperparameters=learn, max_rounds=max_rounds, **first_options)
+        first_learn = isotropic_names(learned_parameters(model) if learn is True else learn)
+    result = fit(model, Xs, y, learn_hyperparameters=first_learn, max_rounds=max_rounds, **first_options)
     damped = int(result.backtracks)
     if two_stage:
         first = result
-        result = fit(_with_ard(first.model, np.shape(Xs)[1]), Xs, y, learn_hyperparameters=learn,
+        result = fit(first.model, Xs, y, learn_hyperparameters=learn,
                      max_rounds=min(max_rounds, ARD_ROUNDS), init=first.state, **options)
         result.seconds += first.seconds
         damped += int(result.backtracks)

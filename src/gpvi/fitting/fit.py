@@ -57,7 +57,10 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
         :func:`learnable_parameters`), one dotted name such as ``"kernel.variance"`` or a list
         of them such as ``["kernel.lengthscale", "likelihood.variance"]``.  A ``*`` segment
         ties parameters: ``"latents.*.kernel.lengthscale"`` is one lengthscale shared by all
-        latent functions of a :class:`~gpvi.models.multilatent.MultiLatent`.  With
+        latent functions of a :class:`~gpvi.models.multilatent.MultiLatent`.  A trailing ``[*]``
+        ties the elements of an array: ``"kernel.lengthscale[*]"`` learns one lengthscale for
+        every feature of an ARD kernel, which keeps its shape (the default estimators' first,
+        isotropic stage, which then runs the same compiled programs as their ARD stage).  With
         ``engine="laplace"`` the Laplace approximate log marginal likelihood is maximised
         instead of the VLB (as in Sheth et al. 2015); it is in
         ``FitResult.extras["log_marginal"]``, and a maximum where the Laplace evidence exceeds

@@ -252,7 +252,7 @@ class _GPEstimator(BaseEstimator):
                                               learn_all=self.learn_hyperparameters is True)
         kind = _defaults.model_kind(n, likelihood, self.model if _kind is None else _kind, self.full_max)
         M = _defaults.inducing_count(Xs, self.inducing) if kind == "sparse" else None
-        model = _defaults.build_model(kind, likelihood, mean0, Xs, kernel=self.kernel, inducing=M, two_stage=two_stage)
+        model = _defaults.build_model(kind, likelihood, mean0, Xs, kernel=self.kernel, inducing=M)
         learn = self.learn_hyperparameters
         if isinstance(learn, (bool, np.bool_)):
             learn = _defaults.learned_parameters(model) if learn else False
