@@ -37,9 +37,8 @@ import dataclasses
 import math
 
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
-from gpvi._module import Module, matching_parameters
+from gpvi._module import Module, matching_parameters, ravel_values
 
 __all__ = ["Prior", "Normal", "LogNormal", "Gamma", "HalfNormal", "weak", "check_hyperprior", "LogPrior",
            "to_json", "from_json"]
@@ -230,12 +229,12 @@ class LogPrior:
     def penalise(self, theta: dict, neg_bound: float, grad):
         """A search's objective and flat gradient with the prior: ``(−bound − log p(θ),
         grad − ∇log p(θ), log p(θ))``, from the negated bound and its gradient ``grad``
-        (flattened as ``jax.flatten_util.ravel_pytree`` flattens ``theta``); unchanged, with
+        (flattened as :func:`gpvi._module.ravel_values` flattens ``theta``: keys in sorted order); unchanged, with
         log p = 0, without a prior term."""
         if not self.terms:
             return float(neg_bound), grad, 0.0
         lp, lg = self(theta)
-        return float(neg_bound) - lp, grad - np.asarray(ravel_pytree(lg)[0]), lp
+        return float(neg_bound) - lp, grad - ravel_values(lg), lp
 
 
 def weak(model: Module, *, noise: bool = False, dimensions: int = 1) -> dict:

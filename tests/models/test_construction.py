@@ -397,3 +397,20 @@ def test_nullable_int_frame_fits_like_float_frame():
     est = gpvi.GPRegressor(learn_hyperparameters=False, max_iter=3).fit(df, y)
     np.testing.assert_allclose(est.predict(df), gpvi.GPRegressor(learn_hyperparameters=False, max_iter=3)
                                .fit(df.astype(float), y).predict(df.astype(float)))
+
+
+@pytest.mark.parametrize("duplicates", [False, True])
+def test_relative_jitter_from_the_prior_cache_is_the_jitter_used(duplicates):
+    """The jitter a full GP reports from its prior cache (read off the factor) is the one a fresh
+    factorisation of K(X, X) finds: the starting 1e-8 for distinct rows, a larger power of ten
+    where repeated rows make K singular and the starting jitter (1e-15) is below rounding."""
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    if duplicates:
+        X = np.concatenate([X, X, X])
+    start = 1e-15 if duplicates else 1e-8
+    model = gpvi.GP(gpvi.kernels.RBF(variance=3.0, lengthscale=4.0), gpvi.likelihoods.Bernoulli(), jitter=start)
+    cache = model.prior_cache(jnp.asarray(X))
+    got, fresh = model.relative_jitter(cache), model.relative_jitter(None, X)
+    assert got == fresh
+    assert (got > start) if duplicates else (got == start)

@@ -28,7 +28,6 @@ import time
 
 import jax
 import jax.flatten_util
-import jax.numpy as jnp
 import numpy as np
 # Imported with gpvi, not lazily at the first search: loaded after JAX had started, scipy.optimize
 # (and the BLAS it brings) made the USPS 4-7-9 learned fit 1.15x slower (52-56 s against 45-48 s,
@@ -38,7 +37,7 @@ import scipy.optimize
 from gpvi.fitting import collapsed, warmstart
 from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.problem import check_known
-from gpvi._module import flatten_params, unflatten_params
+from gpvi._module import flatten_params, ravel_params, ravel_values, unflatten_params
 from gpvi.priors import LogPrior
 from gpvi.engines import STOPPED, Progress
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
@@ -245,7 +244,7 @@ def profile_search(problem, runner, model, names, state, start=None):
     laplace = problem.engine.evidence == "laplace"
     blockwise = problem.source is not None
     theta0 = flatten_params(model, names)
-    flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
+    flat0, unravel = ravel_params(theta0)  # NumPy: no eager JAX programs for a few numbers
     chunks = None if blockwise else make_chunks(X, y, offset, problem.chunk_size, bucketed=pads_rows(model, X.shape[0]))
     # padded rows share compiled programs (the block-wise path has its own fixed block shapes)
     Xj = as_device_array(X) if blockwise else prior_inputs(model, as_device_array(X), chunks)
@@ -275,7 +274,7 @@ def profile_search(problem, runner, model, names, state, start=None):
     vlbs = {}  # VLB of the Laplace posterior at each evaluated point (laplace only)
 
     def fun(x):
-        theta = unravel(jnp.asarray(x))
+        theta = unravel(x)
         mdl = unflatten_params(model, theta)
         try:
             if given["run"] is not None and np.array_equal(x, x0):  # the run that gave the start
@@ -302,7 +301,7 @@ def profile_search(problem, runner, model, names, state, start=None):
                                   new_obj.blocks, lik_learned)
         else:
             val, g = neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
-        g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
+        g = ravel_values(g)
         val, g, lp = log_prior.penalise(theta, val, g)  # maximise bound + log p(θ)
         if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
@@ -318,7 +317,7 @@ def profile_search(problem, runner, model, names, state, start=None):
     def traced(x, f):  # the trace records the VLB (f also holds −log p(θ) under a hyperprior)
         if laplace:
             return vlbs.get(np.asarray(x).tobytes(), -f)
-        return -f - log_prior.value(unravel(jnp.asarray(x)))
+        return -f - log_prior.value(unravel(x))
 
     def record(intermediate_result):
         x = intermediate_result.x
@@ -328,7 +327,7 @@ def profile_search(problem, runner, model, names, state, start=None):
         runner.callback(k, rows[-1][1], rows[-1][0], shift=False)
         # the engine's optimum at the round's point (L-BFGS-B need not have evaluated it last)
         at_x = next((s for xe, s in memo["recent"] if np.array_equal(xe, x)), memo["state"])
-        if runner.watching and runner.on_state(unflatten_params(model, unravel(jnp.asarray(x))), at_x,
+        if runner.watching and runner.on_state(unflatten_params(model, unravel(x)), at_x,
                                                Progress(k, rows[-1][1], rows[-1][0], round=k), shift=False):
             raise StopIteration  # (SciPy ends the search with the point of this round)
 
@@ -359,7 +358,7 @@ def profile_search(problem, runner, model, names, state, start=None):
     message = STOPPED if runner.stopped else stop_message(out, problem.max_rounds)
     if best_x is None:
         return model, int(out.nit), {"rows": rows, "state": state, "message": message, "mode": memo["mode"]}
-    learned = unflatten_params(model, unravel(jnp.asarray(best_x)))
+    learned = unflatten_params(model, unravel(best_x))
     if laplace:
         # On (nearly) separable data the Laplace evidence is largest where the approximation is
         # useless (a huge latent scale, probabilities near 0.5): refuse such a maximum.

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 from gpvi._batching import map_latents
@@ -123,5 +124,5 @@ def carry(old_objective, new_objective, state: State) -> State:
     else:
         out = _carry(_factor(old, old_objective.prior, d), _factor(new, new_objective.prior, d),
                      _mean(old), _mean(new), state)
-    ok = bool(jnp.all(jnp.isfinite(out.chol)) & jnp.all(jnp.isfinite(out.mean)))
+    ok = bool(np.isfinite(np.asarray(out.chol)).all() and np.isfinite(np.asarray(out.mean)).all())  # (NumPy: no eager programs)
     return out if ok else state

@@ -473,9 +473,12 @@ class GP(Model):
         """From the prior cache, which holds the nugget ``j·s`` it added; without it ``K(X, X)``
         on the training inputs ``X`` is factorised again (NaN with neither)."""
         if cache is not None:
-            Xp, _, nugget = cache
-            return _relative(self.jitter, nugget, jnp.maximum(jnp.mean(self.kernel.diag(Xp)),
-                                                              jnp.finfo(jnp.float64).tiny))
+            # the mean diagonal of K from the factor of K + j·s·I (row sums of L², less j·s), on
+            # the host: K's own diagonal would be eager JAX programs (two compilations per fit)
+            _, L, nugget = cache
+            L, nugget = np.asarray(L), float(nugget)
+            mean_diag = float(np.mean(np.einsum("ij,ij->i", L, L))) - nugget
+            return _relative(self.jitter, nugget, max(mean_diag, float(np.finfo(np.float64).tiny)))
         if X is None:
             return float("nan")
         K = self.kernel(jnp.asarray(X), jnp.asarray(X))
