@@ -37,7 +37,7 @@ import scipy.optimize
 from gpvi.fitting import collapsed, warmstart
 from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.problem import check_known
-from gpvi._module import flatten_params, ravel_params, ravel_values, unflatten_params
+from gpvi._module import ELEMENTS, flatten_params, ravel_params, ravel_values, shares_elements, unflatten_params
 from gpvi.priors import LogPrior
 from gpvi.engines import STOPPED, Progress
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
@@ -273,9 +273,24 @@ def profile_search(problem, runner, model, names, state, start=None):
     rows = []
     vlbs = {}  # VLB of the Laplace posterior at each evaluated point (laplace only)
 
+    # Names ending in [*] (an array's elements tied, the default estimators' isotropic stage): the
+    # hypergradient is taken in the untied names, the tied value spread over its array, and
+    # summed back (the chain rule) — the compiled program of the ARD stage that follows, not
+    # one more (each is traced, lowered and compiled or loaded in every fresh process).
+    spread = {n: np.shape(flatten_params(model, [n[:-len(ELEMENTS)]])[n[:-len(ELEMENTS)]])
+              for n in names if shares_elements(n)}
+
+    def untie(theta):
+        return {(n[:-len(ELEMENTS)] if n in spread else n): (np.full(spread[n], v) if n in spread else v)
+                for n, v in theta.items()}
+
+    def retie(g):
+        return {n: (np.sum(np.asarray(g[n[:-len(ELEMENTS)]])) if n in spread else g[n]) for n in names}
+
     def fun(x):
         theta = unravel(x)
         mdl = unflatten_params(model, theta)
+        wide = untie(theta) if spread else theta
         try:
             if given["run"] is not None and np.array_equal(x, x0):  # the run that gave the start
                 (new_obj, res), given["run"] = given["run"], None
@@ -288,20 +303,20 @@ def profile_search(problem, runner, model, names, state, start=None):
         if not np.isfinite(res.vlb):
             return np.inf, np.zeros_like(x)
         if laplace:
-            val, g = neg_laplace_and_grad(theta, model, Xj, chunks, res.state.mean,
+            val, g = neg_laplace_and_grad(wide, model, Xj, chunks, res.state.mean,
                                           clip=res.extras.get("hessian") == "clipped")
             vlbs[np.asarray(x).tobytes()] = res.vlb
         elif blockwise:  # the same value and gradient, block by block on the fit's executor
-            val, g = new_obj.neg_vlb_and_grad(theta, model, res.state)
+            val, g = new_obj.neg_vlb_and_grad(wide, model, res.state)
         elif sparse:
-            val, g = neg_sparse_envelope_and_grad(theta, model, chunks, res.state)
+            val, g = neg_sparse_envelope_and_grad(wide, model, chunks, res.state)
         elif envelope:  # full GPs: q held fixed over the training latents (no Cholesky derivative)
             val = -res.vlb
-            g = neg_envelope_grad(theta, model, new_obj.prior, new_obj.chunks, res.state, new_obj.proj,
+            g = neg_envelope_grad(wide, model, new_obj.prior, new_obj.chunks, res.state, new_obj.proj,
                                   new_obj.blocks, lik_learned)
         else:
-            val, g = neg_vlb_and_grad(theta, model, Xj, chunks, res.state)
-        g = ravel_values(g)
+            val, g = neg_vlb_and_grad(wide, model, Xj, chunks, res.state)
+        g = ravel_values(retie(g) if spread else g)
         val, g, lp = log_prior.penalise(theta, val, g)  # maximise bound + log p(θ)
         if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)
