@@ -352,3 +352,31 @@ def test_default_multiclass_classifier_goes_isotropic_then_ard():
     clf = gpvi.GPClassifier(max_rounds=2).fit(X, y)
     assert all(np.shape(lat.kernel.lengthscale) == (3,) for lat in clf.fit_result_.model.latents)
     assert clf.score(X, y) > 0.8
+
+
+def test_coupled_target_in_one_call_matches_the_step_by_step_one():
+    """The in-memory objective's coupled target (factors, joint direction and gap in one compiled
+    call) gives what the generic path (an objective with its own newton_direction) gives, and
+    refuses a target whose I − S is not positive definite the same way."""
+    from gpvi.engines import _common
+
+    class Generic(Objective):  # its own newton_direction: coupled_target takes the step-by-step path
+        def newton_direction(self, state, grad, RH_inv, rows_h=None):
+            return super().newton_direction(state, grad, RH_inv, rows_h)
+
+    X, y = _three_class(n=25)
+    model = MultiLatent.full([kernels.RBF(lengthscale=1.0), kernels.RBF(lengthscale=2.0),
+                              kernels.Matern52(lengthscale=1.5)], Softmax(num_classes=3), mean=[0.0, 0.3, -0.2])
+    fused, generic = Objective(model, X, y), Generic(model, X, y)
+    assert fused.coupled and generic.coupled
+    st = _random_state(3, 25)
+    sums = fused.sums(st)
+    a = _common.coupled_target(fused, st, sums.grad, sums.S, sums.rows_h, sums.trSV)
+    b = _common.coupled_target(generic, st, sums.grad, sums.S, sums.rows_h, sums.trSV)
+    for x, z in zip(a[:2] + a[3:], b[:2] + b[3:]):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(z), rtol=1e-10, atol=1e-12)
+    assert a[2] == pytest.approx(b[2], rel=1e-10) and np.isfinite(a[2])
+    bad = sums.S.at[1].add(2.0 * jnp.eye(25))  # I − S_1 has negative eigenvalues
+    for obj in (fused, generic):
+        RH, d, gap, inv = _common.coupled_target(obj, st, sums.grad, bad, sums.rows_h, sums.trSV)
+        assert d is None and inv is None and gap == float("inf") and not np.all(np.isfinite(np.asarray(RH)))
