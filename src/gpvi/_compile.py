@@ -100,8 +100,8 @@ def strong_parameters(model):
     identity)."""
     import numpy as np
 
-    def raw(path):  # the field's own value (parameters() gives a new array per path)
-        obj = model
+    def raw(path):  # the field's own value (parameters() gives a new array per path); the walk of
+        obj = model  # gpvi._module.parameter_value, which this lower layer may not import
         for part in path.split("."):
             obj = obj[int(part)] if isinstance(obj, (tuple, list)) else getattr(obj, part)
         return obj

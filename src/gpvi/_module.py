@@ -366,14 +366,26 @@ def shares_elements(name: str) -> bool:
     return name.endswith(ELEMENTS)
 
 
+def untied_name(name: str) -> str:
+    """``name`` without a trailing :data:`ELEMENTS` (the name of the whole array)."""
+    return name[:-len(ELEMENTS)] if shares_elements(name) else name
+
+
+def parameter_value(obj: Module, path: str):
+    """The value a dotted parameter ``path`` of ``obj`` holds, as stored (not converted:
+    :meth:`Module.parameters` makes a new JAX array per path, an eager program per new shape)."""
+    for part in path.split("."):
+        obj = obj[int(part)] if isinstance(obj, (tuple, list)) else getattr(obj, part)
+    return obj
+
+
 def matching_parameters(obj: Module, name: str) -> list[str]:
     """The dotted parameter paths of ``obj`` that ``name`` stands for: itself, or, where a path
     segment is ``*`` (e.g. ``latents.*.kernel.lengthscale``), every path that matches it with any
     one segment there — one *tied* parameter shared by all of them.  A trailing :data:`ELEMENTS`
     (``kernel.lengthscale[*]``) names the same paths; it ties the elements of each array too."""
     trans = obj.transforms()
-    if shares_elements(name):
-        name = name[:-len(ELEMENTS)]
+    name = untied_name(name)
     if "*" not in name.split("."):
         return [name] if name in trans else []
     want = name.split(".")
@@ -398,7 +410,7 @@ def flatten_params(obj: Module, names: list[str]) -> dict[str, jax.Array]:
         if not paths:
             raise ValueError(f"{n!r} names no parameter of {type(obj).__name__}; known: {sorted(trans)}")
         vals = [_to_unconstrained(params[p], trans[p]) for p in paths]
-        if shares_elements(n):
+        if shares_elements(n):  # one scalar: the mean of the elements
             vals = [_xp(v).asarray(_xp(v).mean(v)) for v in vals]
         if len({np.shape(v) for v in vals}) != 1 or len({trans[p] for p in paths}) != 1:
             raise ValueError(f"{n!r} ties parameters of different shapes or transforms: {paths}")
@@ -414,7 +426,6 @@ def unflatten_params(obj: Module, unconstrained: dict[str, jax.Array]) -> Module
     from, not an exception.
     """
     trans = obj.transforms()
-    shapes = {p: jnp.shape(v) for p, v in obj.parameters().items()} if any(map(shares_elements, unconstrained)) else {}
     values = {}
     for n, u in unconstrained.items():
         paths = matching_parameters(obj, n) if ("*" in n.split(".") or shares_elements(n)) else [n]
@@ -424,7 +435,8 @@ def unflatten_params(obj: Module, unconstrained: dict[str, jax.Array]) -> Module
         spread = {}
         for p in paths:
             if shares_elements(n):
-                values[p] = spread.setdefault(shapes[p], _xp(value).broadcast_to(value, shapes[p]))
+                shape = np.shape(parameter_value(obj, p))
+                values[p] = spread.setdefault(shape, _xp(value).broadcast_to(value, shape))
             else:
                 values[p] = value
     return obj.with_parameters(values, check=False)

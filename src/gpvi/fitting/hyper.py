@@ -27,7 +27,6 @@ import dataclasses
 import time
 
 import jax
-import jax.flatten_util
 import numpy as np
 # Imported with gpvi, not lazily at the first search: loaded after JAX had started, scipy.optimize
 # (and the BLAS it brings) made the USPS 4-7-9 learned fit 1.15x slower (52-56 s against 45-48 s,
@@ -37,7 +36,8 @@ import scipy.optimize
 from gpvi.fitting import collapsed, warmstart
 from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.problem import check_known
-from gpvi._module import ELEMENTS, flatten_params, ravel_params, ravel_values, shares_elements, unflatten_params
+from gpvi._module import (flatten_params, matching_parameters, parameter_value, ravel_params, ravel_values,
+                          shares_elements, unflatten_params, untied_name)
 from gpvi.priors import LogPrior
 from gpvi.engines import STOPPED, Progress
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
@@ -277,15 +277,14 @@ def profile_search(problem, runner, model, names, state, start=None):
     # hypergradient is taken in the untied names, the tied value spread over its array, and
     # summed back (the chain rule) — the compiled program of the ARD stage that follows, not
     # one more (each is traced, lowered and compiled or loaded in every fresh process).
-    spread = {n: np.shape(flatten_params(model, [n[:-len(ELEMENTS)]])[n[:-len(ELEMENTS)]])
+    spread = {n: np.shape(parameter_value(model, matching_parameters(model, n)[0]))
               for n in names if shares_elements(n)}
 
     def untie(theta):
-        return {(n[:-len(ELEMENTS)] if n in spread else n): (np.full(spread[n], v) if n in spread else v)
-                for n, v in theta.items()}
+        return {untied_name(n): (np.full(spread[n], v) if n in spread else v) for n, v in theta.items()}
 
     def retie(g):
-        return {n: (np.sum(np.asarray(g[n[:-len(ELEMENTS)]])) if n in spread else g[n]) for n in names}
+        return {n: (np.sum(np.asarray(g[untied_name(n)])) if n in spread else g[n]) for n in names}
 
     def fun(x):
         theta = unravel(x)
