@@ -78,6 +78,40 @@ def test_multiscale_matches_eq17_and_is_positive_semidefinite():
     assert np.linalg.eigvalsh(joint).min() > -1e-10
 
 
+def test_multiscale_gram_across_column_blocks_and_extreme_lengthscales():
+    # D = 9 spans three blocks of the Gram's one-logarithm-per-block prefactor (the last one
+    # partial); lengthscales from 1e-30 to 1e30 in one row must neither overflow nor lose the
+    # prefactor.  Truths: Eq. 17 in NumPy, and the derivative of Eq. 17 written column by column
+    # in JAX (two logarithms per column, as the paper writes it).
+    rng = np.random.default_rng(11)
+    m, d = 6, 9
+    Z1, Z2 = rng.normal(size=(m, d)), rng.normal(size=(m + 1, d))
+    l1 = rng.uniform(0.3, 3.0, size=(m, d))
+    l2 = rng.uniform(0.3, 3.0, size=(m + 1, d))
+    l1[0, :8] = 1e30  # a product of eight (l1² + l2²) ~ 1e480 would overflow
+    l1[2, 4:8] = l2[1, 4:8] = 1e-30  # and one of eight 2e-60 underflow
+    k = MultiscaleRBF(variance=1.0, lengthscale=np.ones(d))
+    got = np.asarray(k.inducing_gram(jnp.asarray(Z1), jnp.asarray(l1), jnp.asarray(Z2), jnp.asarray(l2)))
+    np.testing.assert_allclose(got, eq17(Z1, l1, Z2, l2), rtol=1e-12, atol=1e-300)
+    assert np.all(np.isfinite(got))
+
+    def by_column(Z1, l1, Z2, l2):
+        out = 0.0
+        for j in range(d):
+            a, b = l1[:, j, None], l2[None, :, j]
+            s2 = a * a + b * b
+            out = out + 0.5 * (jnp.log(2.0 * a * b) - jnp.log(s2)) - (Z1[:, j, None] - Z2[None, :, j]) ** 2 / s2
+        return jnp.exp(out)
+
+    W = jnp.asarray(rng.normal(size=(m, m + 1)))
+    l1[0], l1[2, 4:8], l2[1, 4:8] = 1.0, 1.0, 1.0  # derivatives at moderate lengthscales (the extremes have none to speak of)
+    args = tuple(jnp.asarray(v) for v in (Z1, l1, Z2, l2))
+    g = jax.grad(lambda *a: jnp.sum(W * k.inducing_gram(*a)), argnums=(0, 1, 2, 3))(*args)
+    want = jax.grad(lambda *a: jnp.sum(W * by_column(*a)), argnums=(0, 1, 2, 3))(*args)
+    for x, y in zip(g, want):
+        np.testing.assert_allclose(x, y, rtol=1e-11, atol=1e-13)
+
+
 @pytest.mark.slow
 def test_multiscale_gradients_match_finite_differences():
     X, _ = data()

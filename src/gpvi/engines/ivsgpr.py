@@ -54,7 +54,7 @@ from gpvi._module import flatten_params, unflatten_params
 from gpvi.data.stream import from_arrays
 from gpvi.kernels import RBF, MultiscaleRBF
 from gpvi.likelihoods import Gaussian
-from gpvi.models.base import SparseGP, cholesky, kl_standard_normal
+from gpvi.models.base import SparseGP, cholesky, inverse_factor, kl_standard_normal
 from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start
@@ -117,7 +117,8 @@ class _Prev(NamedTuple):
     chol: jax.Array  # (M, M) lower, V_t = chol cholᵀ
     Pt: jax.Array  # (M, M) chol⁻¹ (so V_t⁻¹ = Ptᵀ Pt)
     LGi: jax.Array  # (M, M) LG⁻¹
-    PtLGi: jax.Array  # (M, M) Pt LG⁻¹
+    E: jax.Array  # (M, M) V_t⁻¹ − I
+    vm: jax.Array  # (M,) V_t⁻¹ m_t
 
 
 @jax.jit
@@ -127,7 +128,8 @@ def _prev(model, state: State) -> _Prev:
     eye = jnp.eye(Z.shape[0], dtype=Z.dtype)
     Pt = solve_triangular(state.chol, eye, lower=True)
     LGi = solve_triangular(LG, eye, lower=True)
-    return _Prev(Z, lz, LG, added, state.mean, state.chol, Pt, LGi, Pt @ LGi)
+    Pm = Pt @ state.mean
+    return _Prev(Z, lz, LG, added, state.mean, state.chol, Pt, LGi, Pt.T @ Pt - eye, Pt.T @ Pm)
 
 
 def _gram_chol(model):
@@ -148,11 +150,15 @@ def _natural(model, prev: _Prev, batch, scale, gamma):
     Z = jnp.asarray(model.inducing)
     M = Z.shape[0]
     eye = jnp.eye(M, dtype=Z.dtype)
-    LG, added, lz = _gram_chol(model)
+    lz, _ = kern._inducing_l(Z)
+    G = kern.inducing_gram(Z, lz, Z, lz)
+    LG, added = cholesky(jax.lax.stop_gradient(G), model.jitter)
     # L⁻¹ of the model's factor L = √s²·LG once, so the projections and the cross-basis map
     # below are matrix products (XLA:CPU's triangular solves and their gradients cost several
-    # times a product of the same size at M = 512).
-    Ti = model.pass_cache(jnp.sqrt(kern.variance) * LG)
+    # times a product of the same size at M = 512); its derivative in G is in closed form, so
+    # neither the factorisation nor the triangular inverse is differentiated.
+    LGi = inverse_factor(G + added * eye, LG)
+    Ti = LGi / jnp.sqrt(kern.variance)
     At, b, c = model.project_many(Ti, Xb)
     At, c = At * mask, c * mask  # padding rows drop out of every sum
     # C = Ψ̄_tᵀ Ψ̄' : old whitened basis against the new one (variance-free, so θ-independent).
@@ -160,15 +166,14 @@ def _natural(model, prev: _Prev, batch, scale, gamma):
     # with its index as the function moves (ψ̃_i = ψ_i + √j e_i), so it adds √(j_t j')·I to the
     # cross-Gram: C is exactly I when nothing moved, and continuous in Z' and l'.
     Gx = kern.inducing_gram(prev.Z, prev.lz, Z, lz) + jnp.sqrt(prev.jitter * added) * eye
-    G2 = Gx @ (jnp.sqrt(kern.variance) * Ti).T  # Gx LG⁻ᵀ
-    C = prev.LGi @ G2
-    W = prev.PtLGi @ G2  # chol_t⁻¹ C, so Cᵀ V_t⁻¹ C = WᵀW
+    C = prev.LGi @ (Gx @ LGi.T)
+    EC = prev.E @ C  # Cᵀ V_t⁻¹ C − CᵀC = Cᵀ E C
     r = (yb - b - ob) * mask
     w = scale / lik.variance
-    Lam = gamma * (eye + w * (At @ At.T)) + (1.0 - gamma) * (eye - C.T @ C + W.T @ W)
+    Lam = gamma * (eye + w * (At @ At.T)) + (1.0 - gamma) * (eye + C.T @ EC)
     Lam = 0.5 * (Lam + Lam.T)
-    h = gamma * w * (At @ r) + (1.0 - gamma) * (W.T @ (prev.Pt @ prev.mean))
-    return Lam, h, (At, b, c, r, C, W)
+    h = gamma * w * (At @ r) + (1.0 - gamma) * (C.T @ prev.vm)
+    return Lam, h, (At, c, b, r, C, EC)
 
 
 def _collapsed(model, prev: _Prev, batch, scale, gamma):
@@ -183,14 +188,14 @@ def _collapsed(model, prev: _Prev, batch, scale, gamma):
     """
     lik = model.likelihood
     M = prev.mean.shape[0]
-    Lam, h, (At, b, c, r, C, W) = _natural(model, prev, batch, scale, gamma)
+    Lam, h, (At, c, b, r, C, EC) = _natural(model, prev, batch, scale, gamma)
     RL = jnp.linalg.cholesky(Lam)
     u = solve_triangular(RL, h, lower=True)
     logdet_lam = 2.0 * jnp.sum(jnp.log(jnp.diag(RL)))
     B = jnp.sum(batch[3])
     const_e = -0.5 * scale * B * jnp.log(2.0 * jnp.pi * lik.variance) \
         - 0.5 * scale / lik.variance * jnp.sum(r * r + c)
-    tr_d = (jnp.sum(prev.Pt ** 2) - M) - (jnp.sum(W ** 2) - jnp.sum(C ** 2))
+    tr_d = (jnp.sum(prev.Pt ** 2) - M) - jnp.sum(C * EC)
     pm = prev.Pt @ prev.mean
     logdet_vt = 2.0 * jnp.sum(jnp.log(jnp.abs(jnp.diag(prev.chol))))
     old = tr_d - M + pm @ pm + logdet_vt
@@ -208,7 +213,7 @@ _neg_collapsed_and_grad = jax.jit(jax.value_and_grad(_neg_collapsed))
 def _update(model, prev: _Prev, batch, scale, gamma):
     """The subproblem's optimal q(u) as a State, and the minibatch VLB estimate there."""
     Xb, yb, ob, mask = batch
-    Lam, h, (At, b, c, r, C, W) = _natural(model, prev, batch, scale, gamma)
+    Lam, h, (At, c, b, r, _, _) = _natural(model, prev, batch, scale, gamma)
     M = h.shape[0]
     RL = jnp.linalg.cholesky(Lam)
     mean = cho_solve((RL, True), h)

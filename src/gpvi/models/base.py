@@ -387,9 +387,9 @@ class SparseGP(Model):
         return At, jnp.full(Xc.shape[0], self.mean, Xc.dtype), c
 
     def caches(self, X):
-        # L⁻¹ with its derivative in K(Z, Z) in closed form (see _inverse_factor)
+        # L⁻¹ with its derivative in K(Z, Z) in closed form (see inverse_factor)
         K, L, added = self._inducing_factor()
-        return L, _inverse_factor(K + added * jnp.eye(K.shape[0], dtype=K.dtype), jax.lax.stop_gradient(L))
+        return L, inverse_factor(K + added * jnp.eye(K.shape[0], dtype=K.dtype), jax.lax.stop_gradient(L))
 
     def pass_cache(self, cache):
         # L⁻¹ once per pass: each chunk's L⁻¹ K(Z, X) is then a matrix product, which XLA:CPU
@@ -491,7 +491,7 @@ def _lower_inverse(L):
 
 
 @jax.custom_jvp
-def _inverse_factor(K, L):
+def inverse_factor(K, L):
     """``L⁻¹`` for ``L = chol(K)`` (given, and held constant: its tangent is ignored), with the
     derivative in ``K`` in closed form, ``d(L⁻¹) = −Φ(L⁻¹ dK L⁻ᵀ) L⁻¹`` (``Φ``: the lower
     triangle with the diagonal halved).  Reverse mode then transposes three (M, M) products,
@@ -500,7 +500,7 @@ def _inverse_factor(K, L):
     return _lower_inverse(L)
 
 
-@_inverse_factor.defjvp
+@inverse_factor.defjvp
 def _inverse_factor_jvp(primals, tangents):
     K, L = primals
     dK, _ = tangents
