@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
 from gpvi.models.base import GP, Model, SparseGP, jitter_scale
-from gpvi.objective.state import Chunks, State, is_batched, kl_state, per_latent
+from gpvi.objective.state import Chunks, State, is_batched, kl_state, per_latent_products
 from gpvi.objective.chunks import training_chunks
 from gpvi.objective.blocks import marginals_stacked, num_blocks, pass_projection, stacked_state
 from gpvi.objective.passes import latent_moments_of_rows
@@ -24,13 +24,13 @@ def expected_in_hyperparameters(model: Model, prior, chunks: Chunks, state: Stat
     are computed in turn."""
     lik = model.likelihood
     Q = is_batched(state)
-    W = per_latent(stacked_state, Q, state)
+    W = per_latent_products(stacked_state, Q, state)
     pcache = None if proj is not None else model.pass_cache(prior)
 
     @jax.checkpoint
     def chunk_E(ch, pr):
         A, b, c = pass_projection(model, pcache, ch, pr, proj is not None, blocks)
-        m, v = per_latent(lambda A_, b_, c_, W_: marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+        m, v = per_latent_products(lambda A_, b_, c_, W_: marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
         E = latent_moments_of_rows(lik, ch.y, m, v, Q, need_moments=False)
         return jnp.sum(jnp.where(ch.mask > 0, E, 0.0))
 

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from gpvi.models.base import factored
-from gpvi.objective.state import Sums, is_batched, kl_state, per_latent
+from gpvi.objective.state import Sums, is_batched, kl_state, per_latent_products
 from gpvi.objective.blocks import (assemble_gram, block_gram, block_matvec, marginals_stacked, pass_projection,
                                    raw_marginals, raw_operator, split_gram, split_rows, stacked_state, zero_gram)
 
@@ -47,7 +47,7 @@ def _chunk_marginals(model, pcache, ch, pr, cached, blocks, Q, W, raw):
         F = split_rows(F, blocks)
         return (F, *raw_marginals(F, b, k, ch.offset, W), k)
     A, b, c = pass_projection(model, pcache, ch, pr, cached, blocks)
-    m, v = per_latent(lambda A_, b_, c_, W_: marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
+    m, v = per_latent_products(lambda A_, b_, c_, W_: marginals_stacked(A_, b_, c_, ch.offset, W_), Q, A, b, c, W)
     return A, m, v, c
 
 
@@ -58,7 +58,7 @@ def _pass_setup(model, prior, state, cached):
     Q = is_batched(state)  # several latents: per-latent blocks of the same sums (see per_latent)
     raw = not cached and not Q and factored(model)
     pcache = None if cached else model.pass_cache(prior)
-    W = raw_operator(state, pcache) if raw else per_latent(stacked_state, Q, state)
+    W = raw_operator(state, pcache) if raw else per_latent_products(stacked_state, Q, state)
     return Q, raw, pcache, W
 
 
@@ -103,12 +103,12 @@ def data_pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, c
         sE = sE + jnp.sum(E)
         if want_hessian:
             w = jnp.minimum(lam, 0.0) if clip_gamma else lam
-            P, Arho = per_latent(block_gram, Q, A, w, rho)
+            P, Arho = per_latent_products(block_gram, Q, A, w, rho)
             S = tuple(s + t for s, t in zip(S, P))
             if want_trace:
                 tSV = tSV + jnp.sum(w * (v - v0), axis=-1)
         else:
-            Arho = per_latent(block_matvec, Q, A, rho)
+            Arho = per_latent_products(block_matvec, Q, A, rho)
         return (sE, g + Arho, S, tSV), h
 
     zero_S = ()
@@ -140,7 +140,7 @@ def finish_sums(partial_sums, state, blocks, want_hessian):
     sE, g, S = partial_sums
     kl = kl_state(state)
     if want_hessian:
-        S = per_latent(lambda S_: assemble_gram(S_, blocks), is_batched(state), S)
+        S = per_latent_products(lambda S_: assemble_gram(S_, blocks), is_batched(state), S)
     else:
         S = jnp.zeros((0, 0))
     return sE - kl, g - state.mean, S

@@ -85,6 +85,17 @@ def per_latent(fn, batched: bool, *args):
     return map_latents(fn, *args) if batched else fn(*args)
 
 
+def per_latent_products(fn, batched: bool, *args):
+    """:func:`per_latent` for an ``fn`` made of matrix products and element-wise operations
+    only (no LAPACK call): batched with ``jax.vmap``.  XLA then runs batched dots on the
+    stacked operands, where :func:`~gpvi._batching.map_latents` slices each latent's block out
+    of them, and XLA:CPU copies every such slice (on USPS 4-7-9, three latents at d = 1233,
+    those copies were a fifth of a data pass).  A LAPACK call inside ``fn`` would become a
+    batched one, which can hang XLA:CPU (see :mod:`gpvi._batching`;
+    ``tests/integration/test_hang.py`` checks the multi-latent programs for them)."""
+    return jax.vmap(fn)(*args) if batched else fn(*args)
+
+
 def kl_state(state) -> jax.Array:
     """``KL(q || prior)`` summed over latent blocks (the prior is ``N(0, I)`` in each)."""
     if is_batched(state):
