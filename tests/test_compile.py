@@ -311,3 +311,31 @@ def test_strong_parameters_keeps_one_array_for_a_value_given_once():
         for name, v in m.parameters().items():
             assert v.dtype == np.float64 and not v.weak_type, name
     assert float(once.latents[1].kernel.variance) == 1.5 and float(once.latents[2].mean) == 0.3
+
+
+def test_moving_host_arrays_to_the_device_lowers_no_program():
+    """A fresh process's first fit used to lower a small program for each host array it moved to
+    the device (``jnp.asarray`` of a NumPy array stages it through a compiled program per shape,
+    jax 0.10): 9 of an iris fit's programs.  The chunks, the prior state, a model's parameters and
+    a given starting state now go through ``jax.device_put``.  Shapes no other test uses."""
+    from gpvi.fitting.problem import check_init
+    from gpvi.objective import make_chunks, prior_state
+
+    counter = _lowerings()
+    rng = np.random.default_rng(0)
+    before = counter.count
+    ch = make_chunks(rng.normal(size=(31, 17)), rng.normal(size=31), chunk_size=8)
+    s1 = prior_state(29)
+    s3 = prior_state(27, num_latents=3)
+    params = gpvi.kernels.RBF(lengthscale=np.full(19, 0.5)).parameters()
+    C0 = np.tril(np.ones((23, 23))) + 23 * np.eye(23)
+    init = check_init(gpvi.objective.State(np.ones(23), C0), 23, None)
+    assert counter.count == before
+    assert ch.X.shape == (4, 8, 17) and float(ch.mask.sum()) == 31
+    assert s1.chol.shape == (29, 29) and s3.chol.shape == (3, 27, 27) and float(s3.chol[2, 5, 5]) == 1.0
+    assert params["lengthscale"].shape == (19,) and params["lengthscale"].dtype == np.float64
+    np.testing.assert_array_equal(np.asarray(init.chol), C0)
+    # the counter sees the staging program that jnp.asarray of a host array lowers
+    import jax.numpy as jnp
+    jnp.asarray(np.zeros((37, 13)))
+    assert counter.count > before

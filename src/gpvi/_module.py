@@ -87,6 +87,15 @@ def is_tracer(x) -> bool:
     return isinstance(x, jax.core.Tracer)
 
 
+def _as_array(val):
+    """``val`` as a JAX array.  A host value (a number or a NumPy array) is transferred with
+    ``jax.device_put``: ``jnp.asarray`` of one compiles a small program per shape (jax 0.10), a
+    few tens of milliseconds each in a fresh process."""
+    if isinstance(val, jax.Array) or is_tracer(val):
+        return jnp.asarray(val)
+    return jax.device_put(np.asarray(val))
+
+
 def _show(val) -> str:
     try:
         arr = np.asarray(val)
@@ -261,7 +270,7 @@ class Module:
                 for k, v in enumerate(val):
                     out.update(v.parameters(f"{path}.{k}."))
             elif "transform" in f.metadata and val is not None:
-                out[path] = jnp.asarray(val)
+                out[path] = _as_array(val)
         return out
 
     def transforms(self, prefix: str = "") -> dict[str, str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax.numpy as jnp
 import numpy as np
 
 from gpvi import engines as _engines
@@ -16,7 +15,7 @@ from gpvi.data.sources import ArraySource, Source
 from gpvi.engines.registry import Engine
 from gpvi.likelihoods.base import as_array, is_real_dtype
 from gpvi.models.base import GP, Model, check_X
-from gpvi.objective import State
+from gpvi.objective import State, as_device_array
 from gpvi.priors import check_hyperprior
 
 __all__ = ["Problem", "validate", "check_offset", "check_init", "learnable_parameters", "learned_names"]
@@ -337,4 +336,4 @@ def check_init(init, d, Q=None) -> State:
             C = np.linalg.cholesky(C @ np.swapaxes(C, -1, -2))
         except np.linalg.LinAlgError:
             raise ValueError("init.chol @ init.chol.T must be positive definite") from None
-    return State(jnp.asarray(init.mean, jnp.float64), jnp.asarray(C))
+    return State(as_device_array(init.mean), as_device_array(C))

@@ -42,8 +42,8 @@ def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK, buckete
         return a.reshape((C, n) + a.shape[1:])
 
     mask = np.concatenate([np.ones(N), np.zeros(pad)])
-    return Chunks(jnp.asarray(padded(X)), jnp.asarray(padded(y)), jnp.asarray(padded(offset)),
-                  jnp.asarray(mask.reshape(C, n)))
+    # jax.device_put, not jnp.asarray: see as_device_array
+    return Chunks(*jax.device_put((padded(X), padded(y), padded(offset), mask.reshape(C, n))))
 
 
 

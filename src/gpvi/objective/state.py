@@ -61,10 +61,11 @@ def prior_state(d: int, num_latents: int | None = None) -> State:
     """The prior ``N(0, I)`` as a state (the default starting point); with ``num_latents = Q``
     (a model with latent blocks, :mod:`gpvi.models.multilatent`) a batch of Q blocks, mean (Q, d) and
     chol (Q, d, d)."""
-    # built in NumPy and transferred: jnp.zeros/jnp.eye would each compile for every new d
+    # built in NumPy and transferred with jax.device_put: jnp.zeros/jnp.eye, and jnp.asarray of a
+    # host array, would each compile a small program for every new d
     if num_latents is None:
-        return State(jnp.asarray(np.zeros(d)), jnp.asarray(np.eye(d)))
-    return State(jnp.asarray(np.zeros((num_latents, d))), jnp.asarray(np.broadcast_to(np.eye(d), (num_latents, d, d))))
+        return State(*jax.device_put((np.zeros(d), np.eye(d))))
+    return State(*jax.device_put((np.zeros((num_latents, d)), np.broadcast_to(np.eye(d), (num_latents, d, d)).copy())))
 
 
 # ---- several latent functions --------------------------------------------------------------
