@@ -242,6 +242,38 @@ def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov)
     assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)  # a Cholesky factor
 
 
+@pytest.mark.parametrize("alpha", [1.0, 0.3])
+@pytest.mark.parametrize("update_mean,update_cov", [(True, True), (True, False), (False, True)])
+def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha, update_mean, update_cov):
+    # The coupled (softmax) step of Q = 3 stacked blocks, with the joint direction and the
+    # factors' inverses given: m' = m + α·direction, and per block V' = Λ'⁻¹ with
+    # Λ' = (1−α)V⁻¹ + αH, by dense NumPy inverses.
+    import jax.numpy as jnp
+    from gpvi.engines._common import natural_step, precision_and_inverse
+
+    Q, d = 3, 6
+    S, chols = [], []
+    for _ in range(Q):
+        B = rng.standard_normal((d, 3 * d))
+        S.append(-(B @ B.T) / d)
+        c = np.tril(rng.standard_normal((d, d)))
+        np.fill_diagonal(c, np.abs(np.diag(c)) + 1.0)
+        chols.append(c)
+    S, chols = np.stack(S), np.stack(chols)
+    state = gpvi.State(jnp.asarray(rng.standard_normal((Q, d))), jnp.asarray(chols))
+    g, direction = rng.standard_normal((Q, d)), rng.standard_normal((Q, d))
+    RH, RH_inv = precision_and_inverse(jnp.asarray(S))
+    out = natural_step(state, jnp.asarray(g), RH, alpha, update_mean, update_cov, jnp.asarray(direction), RH_inv)
+    want_mean = np.asarray(state.mean) + (alpha * direction if update_mean else 0.0)
+    np.testing.assert_allclose(np.asarray(out.mean), want_mean, rtol=1e-12, atol=1e-12)
+    for q in range(Q):
+        H, V = np.eye(d) - S[q], chols[q] @ chols[q].T
+        want_V = np.linalg.inv((1 - alpha) * np.linalg.inv(V) + alpha * H) if update_cov else V
+        new = np.asarray(out.chol[q])
+        np.testing.assert_allclose(new @ new.T, want_V, rtol=1e-11, atol=1e-12)
+        assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)
+
+
 def test_two_cycle_is_detected_counted_and_halves_the_step():
     # The fixed-point map's iterate returning to where it was two steps ago while still
     # moving is a 2-cycle: counted, and the next step is half as long.

@@ -338,9 +338,30 @@ def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=Tru
     a same-sized problem, compiles nothing new).
     """
     if grad.ndim == 2:
+        if direction is not None and RH_inv is not None:
+            return _coupled_natural_step(state, grad, RH, alpha, update_mean, update_cov, direction, RH_inv)
         return map_latents(lambda s_, g_, r_, d_, i_: _natural_step(s_, g_, r_, alpha, update_mean, update_cov, d_, i_),
                            state, grad, RH, direction, RH_inv)
     return _natural_step(state, grad, RH, alpha, update_mean, update_cov, direction, RH_inv)
+
+
+def _coupled_natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direction, RH_inv):
+    """:func:`_natural_step` of every latent block with the joint direction and ``RH⁻¹`` at hand
+    (the coupled softmax step): the full step's covariance factor ``J RH⁻ᵀ J`` is taken on the
+    stacked blocks at once, and only a damped covariance step (which factorises) goes block by
+    block.  Mapping the whole step over the blocks copied each block of the state and of both
+    factors out of their stacks in every step (XLA:CPU copies a static slice): 48 ms of copies
+    per step on USPS 4-7-9, three blocks at d = 1233."""
+    mean = jnp.where(update_mean, state.mean + alpha * direction, state.mean)
+
+    def damped():
+        return map_latents(lambda s_, g_, r_: _natural_step(s_, g_, r_, alpha, False, True).chol, state, grad, RH)
+
+    def full():
+        return jnp.where(update_cov, jnp.swapaxes(RH_inv, -1, -2)[:, ::-1, ::-1], state.chol)
+
+    chol = jax.lax.cond(jnp.logical_and(update_cov, alpha < 1.0), damped, full)
+    return State(mean, chol)
 
 
 def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direction=None, RH_inv=None):
