@@ -13,6 +13,7 @@ from jax.scipy.linalg import cho_solve, solve_triangular
 from gpvi._batching import map_latents
 from gpvi.objective import Objective, State, Sums
 from gpvi.objective.newton import coupled_direction
+from gpvi.objective.state import per_latent_products
 from gpvi._watchdog import paused
 
 
@@ -404,7 +405,8 @@ def _coupled_gap(state: State, RH, mean_gain, trSV=None):
     """:func:`estimated_gap` of Q coupled latent blocks: the gain ``mean_gain`` of the joint
     Newton step of the means (:meth:`gpvi.objective.Objective.newton_direction`) plus the
     blocks' covariance shares."""
-    return _clean_gap(mean_gain + jnp.sum(map_latents(_covariance_gap, state, RH, trSV)))
+    # products and sums only (no LAPACK call): batched, not mapped (see per_latent_products)
+    return _clean_gap(mean_gain + jnp.sum(per_latent_products(_covariance_gap, True, state, RH, trSV)))
 
 
 @jax.jit

@@ -99,6 +99,4 @@ def per_latent_products(fn, batched: bool, *args):
 
 def kl_state(state) -> jax.Array:
     """``KL(q || prior)`` summed over latent blocks (the prior is ``N(0, I)`` in each)."""
-    if is_batched(state):
-        return jnp.sum(map_latents(kl_standard_normal, state.mean, state.chol))
-    return kl_standard_normal(state.mean, state.chol)
+    return jnp.sum(per_latent_products(kl_standard_normal, is_batched(state), state.mean, state.chol))
