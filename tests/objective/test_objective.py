@@ -332,3 +332,20 @@ def test_objective_options_are_set_when_built_and_checked(rng):
     with pytest.raises(ValueError, match="newton_rtol must be"):
         gpvi.Objective(model, X, y, newton_rtol=0.0)
     assert gpvi.Objective(model, X, y, newton_rtol=1e-6).newton_rtol == 1e-6
+
+
+@pytest.mark.parametrize("d, rows", [(7, 300), (23, 5), (24, 8)])
+def test_inverse_precision_operator_by_row_blocks_matches_dense_algebra(d, rows):
+    # H_q⁻¹ r_q = J RH_q⁻ᵀ RH_q⁻¹ J r_q for lower-triangular RH_q⁻¹, here from dense NumPy
+    # (J reverses the order); one block (d = 7) and several uneven or even ones.
+    import jax.numpy as jnp
+    from gpvi.objective.newton import inverse_precision_operator
+
+    rng = np.random.default_rng(d)
+    Q = 3
+    Ti = np.tril(rng.standard_normal((Q, d, d))) + 3 * np.eye(d)
+    R = rng.standard_normal((Q, d))
+    got = np.asarray(inverse_precision_operator(jnp.asarray(Ti), rows)(jnp.asarray(R)))
+    for q in range(Q):
+        want = (Ti[q].T @ (Ti[q] @ R[q][::-1]))[::-1]
+        np.testing.assert_allclose(got[q], want, rtol=1e-12, atol=1e-12)
