@@ -650,7 +650,6 @@ def _multiscale_gram(l1, Z1, l2, Z2):
     return jnp.exp(log_pre - 0.5 * logs - expo)
 
 
-
 def _multiscale_cross(Z, lz, X, ls):
     """:meth:`MultiscaleRBF.inducing_gram` of inducing functions ``Z`` (M, D) with lengthscales
     ``lz`` (M, D) against data inputs ``X`` (n, D) sharing one lengthscale vector ``ls`` (D,).

@@ -24,7 +24,7 @@ def inverse_precision_operator(RH_inv, rows: int = PRECOND_BLOCK_ROWS):
     iteration, where it is bound by memory traffic) reads only the lower triangle: 5/8 of each
     factor with four blocks.  The cutting happens where this is called, outside the iterations.
     """
-    Q, d, _ = RH_inv.shape
+    d = RH_inv.shape[-1]
     e = block_edges(d, max(1, round(d / rows)))
     k = len(e) - 1
     T = [RH_inv[:, e[i]:e[i + 1], :e[i + 1]] for i in range(k)]
