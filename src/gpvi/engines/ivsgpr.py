@@ -119,27 +119,32 @@ class _Prev(NamedTuple):
     LGi: jax.Array  # (M, M) LG⁻¹
     E: jax.Array  # (M, M) V_t⁻¹ − I
     vm: jax.Array  # (M,) V_t⁻¹ m_t
+    old: jax.Array  # () tr(V_t⁻¹ − I) − M + m_tᵀV_t⁻¹m_t + log det V_t, the fixed part of KL(q‖q_t)
 
 
 @jax.jit
 def _prev(model, state: State) -> _Prev:
     Z = jnp.asarray(model.inducing)
-    LG, added, lz = _gram_chol(model)
-    eye = jnp.eye(Z.shape[0], dtype=Z.dtype)
+    _, LG, added, lz = _gram_chol(model)
+    M = Z.shape[0]
+    eye = jnp.eye(M, dtype=Z.dtype)
     Pt = solve_triangular(state.chol, eye, lower=True)
     LGi = solve_triangular(LG, eye, lower=True)
     Pm = Pt @ state.mean
-    return _Prev(Z, lz, LG, added, state.mean, state.chol, Pt, LGi, Pt.T @ Pt - eye, Pt.T @ Pm)
+    old = jnp.sum(Pt ** 2) - 2 * M + Pm @ Pm + 2.0 * jnp.sum(jnp.log(jnp.abs(jnp.diag(state.chol))))
+    return _Prev(Z, lz, LG, added, state.mean, state.chol, Pt, LGi, Pt.T @ Pt - eye, Pt.T @ Pm, old)
 
 
 def _gram_chol(model):
-    """``(chol(G + j·I), j, l_Z)`` for the variance-free Gram ``G = ψ_Zᵀψ_Z`` of the inducing
-    functions, jittered exactly as ``model.prior_cache`` jitters ``K_uu = s² G`` (relative jitter:
-    the same j), so that ``√s² · chol`` is the model's own factor."""
+    """``(G, chol(G + j·I), j, l_Z)`` for the variance-free Gram ``G = ψ_Zᵀψ_Z`` of the
+    inducing functions, jittered exactly as ``model.prior_cache`` jitters ``K_uu = s² G``
+    (relative jitter: the same j), so that ``√s² · chol`` is the model's own factor.  The
+    factor is of ``G`` held constant: a derivative goes through ``G`` (see :func:`_natural`)."""
     Z = jnp.asarray(model.inducing)
     lz, _ = model.kernel._inducing_l(Z)
-    LG, added = cholesky(model.kernel.inducing_gram(Z, lz, Z, lz), model.jitter)
-    return LG, added, lz
+    G = model.kernel.inducing_gram(Z, lz, Z, lz)
+    LG, added = cholesky(jax.lax.stop_gradient(G), model.jitter)
+    return G, LG, added, lz
 
 
 def _natural(model, prev: _Prev, batch, scale, gamma):
@@ -150,9 +155,7 @@ def _natural(model, prev: _Prev, batch, scale, gamma):
     Z = jnp.asarray(model.inducing)
     M = Z.shape[0]
     eye = jnp.eye(M, dtype=Z.dtype)
-    lz, _ = kern._inducing_l(Z)
-    G = kern.inducing_gram(Z, lz, Z, lz)
-    LG, added = cholesky(jax.lax.stop_gradient(G), model.jitter)
+    G, LG, added, lz = _gram_chol(model)
     # L⁻¹ of the model's factor L = √s²·LG once, so the projections and the cross-basis map
     # below are matrix products (XLA:CPU's triangular solves and their gradients cost several
     # times a product of the same size at M = 512); its derivative in G is in closed form, so
@@ -195,10 +198,7 @@ def _collapsed(model, prev: _Prev, batch, scale, gamma):
     B = jnp.sum(batch[3])
     const_e = -0.5 * scale * B * jnp.log(2.0 * jnp.pi * lik.variance) \
         - 0.5 * scale / lik.variance * jnp.sum(r * r + c)
-    tr_d = (jnp.sum(prev.Pt ** 2) - M) - jnp.sum(C * EC)
-    pm = prev.Pt @ prev.mean
-    logdet_vt = 2.0 * jnp.sum(jnp.log(jnp.abs(jnp.diag(prev.chol))))
-    old = tr_d - M + pm @ pm + logdet_vt
+    old = prev.old - jnp.sum(C * EC)  # tr(D_t (I − CCᵀ)) − M + m_tᵀV_t⁻¹m_t + log det V_t
     return gamma * (const_e + 0.5 * M) - 0.5 * (1.0 - gamma) * old + 0.5 * (u @ u - M - logdet_lam)
 
 
