@@ -11,10 +11,9 @@ operations, and two Python threads fitting at once can do too — every pool thr
 sub-tasks that no thread is free to run: the process hangs for ever at 0 % CPU (seen with
 jax/jaxlib 0.10.2 on two cores, in most multiclass fits).
 
-:func:`map_latents` applies the function to each block separately (a static unrolled loop, or
-``lax.map`` for many blocks), so every LAPACK call in gpvi's programs is unbatched and runs
-inline on the thread that starts it; independent blocks can still run in parallel, as separate
-operations scheduled by XLA.  ``tests/integration/test_hang.py`` checks the compiled programs of the
+:func:`map_latents` applies the function to each block separately (a sequential ``lax.map``;
+a single block is called directly), so every LAPACK call in gpvi's programs is unbatched and
+runs inline on the thread that starts it.  ``tests/integration/test_hang.py`` checks the compiled programs of the
 multi-latent fits for batched LAPACK calls.
 """
 from __future__ import annotations
@@ -26,7 +25,13 @@ __all__ = ["map_latents", "UNROLL_LIMIT"]
 
 # Up to this many blocks the map is unrolled (one copy of the body per block, which XLA may run
 # side by side); beyond it a sequential lax.map keeps the program's size independent of Q.
-UNROLL_LIMIT = 16
+# Unrolling three or more blocks bought no parallelism on two cores and cost compilation and
+# copies: with lax.map for Q = 3 (2026-11-29, 2-core AMD EPYC, jax 0.10.2) the USPS 4-7-9 learned
+# fit compiled its programs in 8.6 s against 11.5 s and ran its natural steps in 1.0 s against 1.7
+# s, iris's first GPClassifier fit with an empty cache took 4.6–4.8 s against 5.0–5.5 s, and
+# the second fits of iris, wine and 10-class digits were within noise (benchmarks/README.md,
+# "The deadlock cure").  Up to 16 blocks were unrolled before.
+UNROLL_LIMIT = 1
 
 
 def _num_blocks(args) -> int:
