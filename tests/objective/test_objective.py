@@ -349,3 +349,26 @@ def test_inverse_precision_operator_by_row_blocks_matches_dense_algebra(d, rows)
     for q in range(Q):
         want = (Ti[q].T @ (Ti[q] @ R[q][::-1]))[::-1]
         np.testing.assert_allclose(got[q], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("d, leaf", [(7, 256), (9, 2), (600, 256), (301, 64)])
+def test_lower_triangular_products_match_numpy(d, leaf):
+    """lower_matmul and lower_gram against NumPy's dense products, on one and on stacked factors
+    (even and odd sizes, one leaf and several levels of recursion).  The factors carry nonzero
+    entries above the diagonal, which both must ignore: the products are those of the lower
+    triangles."""
+    from gpvi.objective.blocks import lower_gram, lower_matmul
+
+    rng = np.random.default_rng(d + leaf)
+    A = rng.standard_normal((d, d))
+    B = rng.standard_normal((3, d, d))
+    lA, lB = np.tril(A), np.tril(B)
+    got = np.asarray(lower_matmul(jnp.asarray(A), jnp.asarray(B), leaf))
+    want = lA @ lB
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    assert np.all(np.triu(got, 1) == 0.0)
+    got = np.asarray(lower_gram(jnp.asarray(B), leaf))
+    want = lB @ np.swapaxes(lB, -1, -2)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    np.testing.assert_allclose(np.asarray(lower_gram(jnp.asarray(A), leaf)), lA @ lA.T, rtol=0,
+                               atol=1e-12 * np.abs(lA @ lA.T).max())

@@ -29,6 +29,7 @@ from gpvi._batching import map_latents
 from gpvi.models.base import GLM, GP, SparseGP
 from gpvi.models.multilatent import MultiLatent
 from gpvi.objective import State
+from gpvi.objective.blocks import lower_matmul
 
 __all__ = ["carry"]
 
@@ -54,9 +55,8 @@ def _carry_one(L_old, L_new, mu_old, mu_new, state):
     d = L_new.shape[0]
     Ts = solve_triangular(L_new, jnp.concatenate([L_old, jnp.full((d, 1), mu_old - mu_new)], axis=1), lower=True)
     T, shift = Ts[:, :d], Ts[:, d]
-    chol = T @ state.chol
-    # keep the factor lower triangular with a positive diagonal (T is lower triangular)
-    return State(T @ state.mean + shift, jnp.tril(chol))
+    # T is lower triangular (exact zeros above the diagonal), so T·chol is as well
+    return State(T @ state.mean + shift, lower_matmul(T, state.chol))
 
 
 _carry = jax.jit(_carry_one)
@@ -84,7 +84,7 @@ def _carry_shared(L_old, L_new, mu_old, mu_new, state):
     T, ones = Ts[:, :d], Ts[:, d]
     shift = (jnp.stack(mu_old) - jnp.stack(mu_new))[:, None] * ones  # (Q, d)
     mean = state.mean @ T.T + shift
-    return State(mean, jnp.tril(jnp.matmul(T, state.chol)))
+    return State(mean, lower_matmul(T, state.chol))
 
 
 def supported(model) -> bool:

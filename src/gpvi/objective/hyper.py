@@ -12,7 +12,7 @@ from jax.scipy.linalg import solve_triangular
 from gpvi.models.base import GP, Model, SparseGP, jitter_scale
 from gpvi.objective.state import Chunks, State, is_batched, kl_state, per_latent_products
 from gpvi.objective.chunks import training_chunks
-from gpvi.objective.blocks import marginals_stacked, num_blocks, pass_projection, stacked_state
+from gpvi.objective.blocks import lower_gram, marginals_stacked, num_blocks, pass_projection, stacked_state
 from gpvi.objective.passes import latent_moments_of_rows
 
 
@@ -99,7 +99,7 @@ def vlb_envelope(model: Model, prior, chunks: Chunks, state: State, blocks: int,
         Vw = jnp.zeros((d, d), L.dtype)
         for q in (q for q in range(len(lats)) if same[q] == g):
             w, C = sg(means[q]), sg(chols[q])
-            Vw = Vw + C @ C.T + jnp.outer(w, w) - jnp.eye(d, dtype=C.dtype)  # V + w wᵀ − I
+            Vw = Vw + lower_gram(C) + jnp.outer(w, w) - jnp.eye(d, dtype=C.dtype)  # V + w wᵀ − I
             z = solve_triangular(L, w, lower=True, trans="T")  # K⁻¹ (m_f − μ) = L⁻ᵀ w
             out = out + lats[q].mean * jnp.sum(z)
         Y = solve_triangular(L, Vw, lower=True, trans="T")  # L⁻ᵀ (V + w wᵀ − I)
