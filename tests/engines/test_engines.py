@@ -350,3 +350,21 @@ def test_fpi_switches_to_the_papers_order_when_accepted_joint_steps_are_slow(mon
     assert "sequential_from" not in runs["off"].extras and runs["off"].backtracks == 0  # never rejected
     assert runs["on"].evaluations < 0.6 * runs["off"].evaluations, (runs["on"].evaluations, runs["off"].evaluations)
     assert abs(runs["on"].vlb - runs["off"].vlb) <= 1e-9 * abs(runs["off"].vlb)
+
+
+@pytest.mark.parametrize("d", [1, 6, 97])
+def test_reversed_chol_factors_the_symmetric_part_in_reversed_order(rng, d):
+    # Truth: NumPy's Cholesky of J ½(H + Hᵀ) J, on an H that is not exactly symmetric (as rounding
+    # leaves a summed Σλaaᵀ); R is lower triangular and J R Rᵀ J is that symmetric part.
+    import jax.numpy as jnp
+    from gpvi.engines._common import reversed_chol
+
+    G = rng.standard_normal((d, d))
+    H = G @ G.T / d + np.eye(d) + 1e-6 * rng.standard_normal((d, d))
+    sym = 0.5 * (H + H.T)
+    R = np.asarray(reversed_chol(jnp.asarray(H)))
+    np.testing.assert_allclose(R, np.linalg.cholesky(sym[::-1, ::-1]), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose((R @ R.T)[::-1, ::-1], sym, rtol=1e-12, atol=1e-13)
+    assert np.all(np.triu(R, 1) == 0)
+    H[0, 0] = -5.0  # not positive definite: NaN, no exception
+    assert np.isnan(np.asarray(reversed_chol(jnp.asarray(H)))).any()
