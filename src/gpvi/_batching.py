@@ -44,12 +44,14 @@ def _num_blocks(args) -> int:
     return sizes.pop()
 
 
-def map_latents(fn, *args):
+def map_latents(fn, *args, unroll_limit: int | None = None):
     """``fn`` applied to the blocks ``args[q]`` (every array leaf indexed on its leading axis),
     results stacked on a new leading axis: ``jax.vmap(fn)(*args)`` without batching ``fn``'s
-    operations.  ``None`` arguments (empty pytrees) pass through as ``None``."""
+    operations.  ``None`` arguments (empty pytrees) pass through as ``None``.  Up to
+    ``unroll_limit`` blocks (default :data:`UNROLL_LIMIT`) the map is unrolled, beyond it a
+    ``lax.map``; the two can differ in the last bits."""
     Q = _num_blocks(args)
-    if Q > UNROLL_LIMIT:
+    if Q > (UNROLL_LIMIT if unroll_limit is None else unroll_limit):
         return jax.lax.map(lambda a: fn(*a), args)
     outs = [fn(*jax.tree.map(lambda leaf, q=q: leaf[q], args)) for q in range(Q)]
     return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
