@@ -8,7 +8,7 @@ import pytest
 
 import gpvi
 from gpvi import likelihoods as L
-from gpvi.engines._common import START_SCALES
+from gpvi.engines._common import START_SCALES, gap_threshold
 
 
 def _certified(res):
@@ -59,5 +59,6 @@ def test_fpi_rescues_a_separable_sparse_logistic_gp():
     assert _certified(res), res.message
     assert res.extras["rescues"]
     grad = gpvi.fit(model, X, y, engine="gradient")  # ends within 2e-5 nats of its threshold
-    assert grad.vlb <= res.vlb + 1e-9 * abs(res.vlb)
+    # the certificate: no state is more than the threshold (1.9e-5 nats here) above fpi's bound
+    assert grad.vlb <= res.vlb + gap_threshold(res.vlb, 1e-6)
     assert res.vlb - grad.vlb <= 1e-6 * abs(res.vlb)
