@@ -351,6 +351,22 @@ def test_inverse_precision_operator_by_row_blocks_matches_dense_algebra(d, rows)
         np.testing.assert_allclose(got[q], want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("d, n, leaf", [(7, 5, 256), (9, 4, 2), (301, 40, 64)])
+def test_products_with_one_lower_triangular_factor_match_numpy(d, n, leaf):
+    """lower_left_matmul (L @ B) and lower_right_matmul (B @ L) against NumPy's dense products
+    of the lower triangle; L carries nonzero entries above its diagonal, which both must ignore."""
+    from gpvi.objective.blocks import lower_left_matmul, lower_right_matmul
+
+    rng = np.random.default_rng(d + n + leaf)
+    L, B, C = rng.standard_normal((d, d)), rng.standard_normal((d, n)), rng.standard_normal((n, d))
+    want = np.tril(L) @ B
+    np.testing.assert_allclose(np.asarray(lower_left_matmul(jnp.asarray(L), jnp.asarray(B), leaf)), want,
+                               rtol=0, atol=1e-12 * np.abs(want).max())
+    want = C @ np.tril(L)
+    np.testing.assert_allclose(np.asarray(lower_right_matmul(jnp.asarray(C), jnp.asarray(L), leaf)), want,
+                               rtol=0, atol=1e-12 * np.abs(want).max())
+
+
 @pytest.mark.parametrize("d, leaf", [(7, 256), (9, 2), (600, 256), (301, 64)])
 def test_lower_triangular_products_match_numpy(d, leaf):
     """lower_matmul and lower_gram against NumPy's dense products, on one and on stacked factors
