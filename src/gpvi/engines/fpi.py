@@ -129,11 +129,12 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             message, gap = STOPPED, objective_gap(objective, state, sums)
             break
         if damped_run >= STALL_WINDOW:
-            if halved_run < STALL_WINDOW and gap < HELD_STALL_NATS:
-                continue  # held steps near the optimum (the gap at this iteration's start): no factorisation for it
+            held_only = halved_run < STALL_WINDOW  # the run is damped only by held step sizes
+            if held_only and gap < HELD_STALL_NATS:
+                continue  # near the optimum by the gap at this iteration's start: no factorisation for it
             gain = float(sums.vlb) - window[0]
             gap = objective_gap(objective, state, sums)
-            if gain >= 0.5 * gap or (halved_run < STALL_WINDOW and gap < HELD_STALL_NATS):
+            if gain >= 0.5 * gap or (held_only and gap < HELD_STALL_NATS):
                 continue
             if len(rescues) >= MAX_RESCUES or it >= max_iter:
                 message = _stall_message(gain, gap, sums, rescues)
