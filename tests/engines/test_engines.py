@@ -299,7 +299,7 @@ def test_tri_inv_is_the_inverse_of_a_lower_triangular_matrix(rng, d):
     # products down to 160: at d = 700 two levels of each) must also keep exact zeros above the
     # diagonal, and pass NaN through.
     import jax.numpy as jnp
-    from gpvi.engines._common import tri_inv
+    from gpvi._linalg import tri_inv
 
     B = rng.standard_normal((d, 2 * d))
     R = np.linalg.cholesky(B @ B.T / (2 * d) + np.eye(d))

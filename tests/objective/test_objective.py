@@ -355,7 +355,7 @@ def test_inverse_precision_operator_by_row_blocks_matches_dense_algebra(d, rows)
 def test_products_with_one_lower_triangular_factor_match_numpy(d, n, leaf):
     """lower_left_matmul (L @ B) and lower_right_matmul (B @ L) against NumPy's dense products
     of the lower triangle; L carries nonzero entries above its diagonal, which both must ignore."""
-    from gpvi.objective.blocks import lower_left_matmul, lower_right_matmul
+    from gpvi._linalg import lower_left_matmul, lower_right_matmul
 
     rng = np.random.default_rng(d + n + leaf)
     L, B, C = rng.standard_normal((d, d)), rng.standard_normal((d, n)), rng.standard_normal((n, d))
@@ -373,7 +373,7 @@ def test_lower_triangular_products_match_numpy(d, leaf):
     (even and odd sizes, one leaf and several levels of recursion).  The factors carry nonzero
     entries above the diagonal, which both must ignore: the products are those of the lower
     triangles."""
-    from gpvi.objective.blocks import lower_gram, lower_matmul
+    from gpvi._linalg import lower_gram, lower_matmul
 
     rng = np.random.default_rng(d + leaf)
     A = rng.standard_normal((d, d))

@@ -11,8 +11,8 @@ import numpy as np
 from jax.scipy.linalg import cho_solve, solve_triangular
 
 from gpvi._batching import map_latents
+from gpvi._linalg import tri_inv
 from gpvi.objective import Objective, State, Sums
-from gpvi.objective.blocks import lower_left_matmul, lower_right_matmul
 from gpvi.objective.newton import coupled_direction
 from gpvi.objective.state import per_latent_products
 from gpvi._watchdog import paused
@@ -276,37 +276,6 @@ def reversed_chol(H):
 
 def flip(X):
     return X[::-1, ::-1]
-
-
-# Leaves of tri_inv's recursion: at most this many rows, inverted by one triangular solve; its
-# off-diagonal products skip the zero halves of the triangular factors down to blocks of
-# _TRI_INV_PRODUCT_LEAF rows.  Each level adds compilation (slices, products and a concatenation
-# of new shapes) in every program that inverts a factor, so the recursion stops early.  Measured on
-# the 2-core AMD EPYC (jax 0.10.2, median of alternating runs, compilation of tri_inv alone in a
-# lax.map over three latents), against leaves of 64 rows with dense products:
-# d = 1233: 89 against 105 ms, compiled in 0.64 against 1.35 s; d = 2500: 520 against 619 ms,
-# 1.1 against 2.3 s; d = 600: 14.4 against 12.4 ms, 0.27 against 0.68 s; d = 150: 0.4 against
-# 0.3 ms, 0.11 against 0.29 s.  Leaves of 32 rows ran fastest at d = 1233 (76 ms) but compiled in
-# 2.1 s; one solve of the whole factor compiled in 0.17 s and ran in 122 ms.
-_TRI_INV_LEAF, _TRI_INV_PRODUCT_LEAF = 320, 160
-
-
-def tri_inv(R):
-    """Inverse of the lower-triangular ``R`` (d, d), itself lower triangular (exact zeros above
-    the diagonal).
-
-    By 2×2 blocks, ``[[A, 0], [C, D]]⁻¹ = [[A⁻¹, 0], [−D⁻¹ C A⁻¹, D⁻¹]]``, recursing down to
-    leaves of at most 320 rows solved against the identity; the off-diagonal products read only
-    the triangles of ``A⁻¹`` and ``D⁻¹`` (:func:`~gpvi.objective.blocks.lower_right_matmul`,
-    :func:`~gpvi.objective.blocks.lower_left_matmul`).  NaN in, NaN out.
-    """
-    d = R.shape[0]
-    if d <= _TRI_INV_LEAF:
-        return solve_triangular(R, jnp.eye(d, dtype=R.dtype), lower=True)
-    h = d // 2
-    A, D = tri_inv(R[:h, :h]), tri_inv(R[h:, h:])
-    CA = lower_right_matmul(R[h:, :h], A, _TRI_INV_PRODUCT_LEAF)
-    return jnp.block([[A, jnp.zeros((h, d - h), R.dtype)], [-lower_left_matmul(D, CA, _TRI_INV_PRODUCT_LEAF), D]])
 
 
 @jax.jit

@@ -64,7 +64,8 @@ from gpvi.objective import Objective, State, chunk_setup, stacked_state, margina
 from gpvi.likelihoods.surrogates import COEFFICIENTS, SURROGATES, optimal_xi
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import (STOPPED, Clock, EngineResult, Progress, call_on_state, estimated_gap,
-                                 final_gap, flip, gap_threshold, reversed_chol, target_and_step, tri_inv)
+                                 final_gap, flip, gap_threshold, reversed_chol, target_and_step)
+from gpvi._linalg import tri_inv
 from gpvi._watchdog import paused
 
 __all__ = ["run_jj", "run_taylor", "run_hybrid", "run_full", "learn", "collapsed_bound",

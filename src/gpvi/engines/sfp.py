@@ -45,7 +45,8 @@ from gpvi.objective.blocks import raw_moments, split_rows
 from gpvi.objective.minibatch import raw_expected_log_prob, raw_sums
 from gpvi.engines.registry import Engine
 from gpvi.data.stream import StreamObjective
-from gpvi.engines._common import natural_step, precision_chol, tri_inv
+from gpvi._linalg import tri_inv
+from gpvi.engines._common import natural_step, precision_chol
 from gpvi.engines._stochastic import (DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive,
                                       paper_step_size, setup, step_limit)
 

@@ -29,7 +29,7 @@ from gpvi._batching import map_latents
 from gpvi.models.base import GLM, GP, SparseGP
 from gpvi.models.multilatent import MultiLatent
 from gpvi.objective import State
-from gpvi.objective.blocks import lower_matmul
+from gpvi._linalg import lower_matmul
 
 __all__ = ["carry"]
 

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from gpvi._linalg import lower_left_matmul, tri_inv
 from gpvi._module import Module, is_tracer, param, positional, static
 from gpvi.kernels import Kernel, same_rows
 from gpvi.likelihoods import Likelihood
@@ -395,13 +396,13 @@ class SparseGP(Model):
         # L⁻¹ once per pass: each chunk's L⁻¹ K(Z, X) is then a matrix product, which XLA:CPU
         # runs ~7× faster than the triangular solve (M = 300, n = 2048: 4.4 ms against 33 ms);
         # |a_i|² ≤ k_ii bounds the result, so the product's rounding error stays ~ε·|L⁻¹|·|K|.
-        return _lower_inverse(cache)
+        return tri_inv(cache)
 
     def project_many(self, pcache, Xc):
         return self.project_raw(pcache, *self.raw_features(Xc))
 
     def project_raw(self, pcache, F, b, k):
-        At = _lower_matmul(pcache, F)  # pcache = L⁻¹ is lower triangular
+        At = lower_left_matmul(pcache, F)  # pcache = L⁻¹ is lower triangular
         return At, b, jnp.maximum(k - jnp.sum(At**2, 0), 0.0)
 
     def raw_features(self, Xc):
@@ -485,11 +486,6 @@ class GP(Model):
         return _relative(self.jitter, cholesky(K, self.jitter)[1], jitter_scale(K))
 
 
-def _lower_inverse(L):
-    """``L⁻¹`` of a lower-triangular ``L`` (M, M), by one triangular solve."""
-    return solve_triangular(L, jnp.eye(L.shape[0], dtype=L.dtype), lower=True)
-
-
 @jax.custom_jvp
 def inverse_factor(K, L):
     """``L⁻¹`` for ``L = chol(K)`` (given, and held constant: its tangent is ignored), with the
@@ -497,28 +493,16 @@ def inverse_factor(K, L):
     triangle with the diagonal halved).  Reverse mode then transposes three (M, M) products,
     where the chain through the factorisation and the triangular inverse cost XLA:CPU about
     1.4× more (M = 512: 22 against 30 ms for value and gradient)."""
-    return _lower_inverse(L)
+    return tri_inv(L)
 
 
 @inverse_factor.defjvp
 def _inverse_factor_jvp(primals, tangents):
     K, L = primals
     dK, _ = tangents
-    T = _lower_inverse(L)
+    T = tri_inv(L)
     P = T @ dK @ T.T
     return T, -(jnp.tril(P, -1) + 0.5 * jnp.diag(jnp.diag(P))) @ T
-
-
-def _lower_matmul(T, B):
-    """``T B`` for lower-triangular ``T`` (M, M) and B (M, n), skipping the zero blocks of T
-    above its diagonal (row blocks of ~150: 3/4 of the flops at M = 300)."""
-    M = T.shape[0]
-    k = 1 if M < 256 else min(4, max(2, round(M / 150)))
-    if k == 1:
-        return T @ B
-    e = [round(i * M / k) for i in range(k + 1)]
-    return jnp.concatenate([sum(T[e[i]:e[i + 1], e[j]:e[j + 1]] @ B[e[j]:e[j + 1]] for j in range(i + 1))
-                            for i in range(k)])
 
 
 # k-means for inducing inputs runs on a random sample of KMEANS_ROWS_PER_CENTRE·M rows (at least

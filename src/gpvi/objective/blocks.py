@@ -7,65 +7,6 @@ import jax
 import jax.numpy as jnp
 
 
-# ---- products of lower-triangular factors ----------------------------------------------------
-# Square products of two lower-triangular (d, d) factors skip the zero blocks by 2×2 recursion:
-# about a third of the dense product's flops, in matrix products XLA runs at full speed down to
-# leaves of LOWER_LEAF rows (three factors of d = 1233 on the 2-core AMD EPYC: T·chol 149 → 73 ms,
-# C Cᵀ 146 → 89 ms; leaves of 128–400 rows all within 20 %).
-LOWER_LEAF = 256
-
-
-def lower_matmul(A, B, leaf: int = LOWER_LEAF):
-    """``A @ B`` of lower-triangular ``A`` (…, d, d) and ``B`` (…, d, d), batch axes broadcast;
-    only the lower triangles are read, and the product is lower triangular."""
-    d = A.shape[-1]
-    if d <= leaf:
-        return jnp.matmul(jnp.tril(A), jnp.tril(B))
-    h = d // 2
-    C11 = lower_matmul(A[..., :h, :h], B[..., :h, :h], leaf)
-    C22 = lower_matmul(A[..., h:, h:], B[..., h:, h:], leaf)
-    C21 = jnp.matmul(A[..., h:, :h], jnp.tril(B[..., :h, :h])) + jnp.matmul(jnp.tril(A[..., h:, h:]), B[..., h:, :h])
-    top = jnp.concatenate([C11, jnp.zeros(C11.shape[:-1] + (d - h,), C11.dtype)], -1)
-    return jnp.concatenate([top, jnp.concatenate([C21, C22], -1)], -2)
-
-
-def lower_gram(C, leaf: int = LOWER_LEAF):
-    """``C @ Cᵀ`` of a lower-triangular ``C`` (…, d, d), reading only its lower triangle."""
-    d = C.shape[-1]
-    if d <= leaf:
-        C = jnp.tril(C)
-        return jnp.matmul(C, jnp.swapaxes(C, -1, -2))
-    h = d // 2
-    A, B, D = C[..., :h, :h], C[..., h:, :h], C[..., h:, h:]
-    G21 = jnp.matmul(B, jnp.swapaxes(jnp.tril(A), -1, -2))
-    G22 = jnp.matmul(B, jnp.swapaxes(B, -1, -2)) + lower_gram(D, leaf)
-    return jnp.concatenate([jnp.concatenate([lower_gram(A, leaf), jnp.swapaxes(G21, -1, -2)], -1),
-                            jnp.concatenate([G21, G22], -1)], -2)
-
-
-def lower_left_matmul(L, B, leaf: int = LOWER_LEAF):
-    """``L @ B`` of a lower-triangular ``L`` (d, d) and a full ``B`` (d, n), reading only the
-    lower triangle of ``L``: half the dense product's flops, by halving ``L`` down to ``leaf`` rows."""
-    d = L.shape[-1]
-    if d <= leaf:
-        return jnp.tril(L) @ B
-    h = d // 2
-    top = lower_left_matmul(L[:h, :h], B[:h], leaf)
-    bottom = L[h:, :h] @ B[:h] + lower_left_matmul(L[h:, h:], B[h:], leaf)
-    return jnp.concatenate([top, bottom], 0)
-
-
-def lower_right_matmul(B, L, leaf: int = LOWER_LEAF):
-    """``B @ L`` of a full ``B`` (n, d) and a lower-triangular ``L`` (d, d), reading only the
-    lower triangle of ``L`` (as :func:`lower_left_matmul`)."""
-    d = L.shape[-1]
-    if d <= leaf:
-        return B @ jnp.tril(L)
-    h = d // 2
-    left = lower_right_matmul(B[:, :h], L[:h, :h], leaf) + B[:, h:] @ L[h:, :h]
-    return jnp.concatenate([left, lower_right_matmul(B[:, h:], L[h:, h:], leaf)], 1)
-
-
 # ---- projections kept in row blocks -----------------------------------------------------------
 # A pass needs two O(n·d²) products per chunk: ``[mean; cholᵀ] · A`` for the latent marginals and
 # ``(A·λ) Aᵀ`` for Σλ_i a_i a_iᵀ.  ``cholᵀ`` is upper triangular and the second product is

@@ -12,7 +12,8 @@ from jax.scipy.linalg import solve_triangular
 from gpvi.models.base import GP, Model, SparseGP, jitter_scale
 from gpvi.objective.state import Chunks, State, is_batched, kl_state, per_latent_products
 from gpvi.objective.chunks import training_chunks
-from gpvi.objective.blocks import lower_gram, marginals_stacked, num_blocks, pass_projection, stacked_state
+from gpvi._linalg import lower_gram
+from gpvi.objective.blocks import marginals_stacked, num_blocks, pass_projection, stacked_state
 from gpvi.objective.passes import latent_moments_of_rows
 
 
