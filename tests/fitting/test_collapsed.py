@@ -173,3 +173,33 @@ def test_sparse_bound_gradient_against_finite_differences_of_a_dense_titsias_bou
             fd[i] = (dense({**theta, n: up}) - dense({**theta, n: dn})) / (2 * h)
         np.testing.assert_allclose(-np.ravel(np.asarray(grad[n])), fd, rtol=1e-5,
                                    atol=1e-6 * max(1.0, np.max(np.abs(fd))), err_msg=n)
+
+
+def test_searches_over_many_unknowns_keep_more_correction_pairs(rng):
+    """L-BFGS-B keeps SciPy's 10 correction pairs for a few hyperparameters and more for a search
+    over inducing inputs (gpvi.fitting.lbfgs.memory): the collapsed search (Gaussian) and the
+    profile search (Bernoulli) both pass it to SciPy.  Counted here from the problem's sizes:
+    M·D inducing coordinates, D lengthscales, the kernel variance, the noise variance and the mean."""
+    import scipy.optimize
+    from gpvi.fitting.lbfgs import memory
+
+    assert [memory(n) for n in (1, 200, 219, 220, 401, 4106, 10**6)] == [10, 10, 10, 11, 20, 200, 200]
+    real, seen = scipy.optimize.minimize, []
+
+    def spy(*args, **kwargs):
+        seen.append((args[1].size, kwargs["options"].get("maxcor")))
+        return real(*args, **kwargs)
+
+    N, D, M = 300, 10, 30
+    X = rng.normal(size=(N, D))
+    f = np.sin(X[:, 0]) + 0.5 * X[:, 1]
+    kern = gpvi.kernels.RBF(variance=1.0, lengthscale=np.ones(D))
+    cases = [(gpvi.SparseGP(kern, L.Gaussian(variance=0.1), inducing=M), f + 0.1 * rng.normal(size=N),
+              M * D + D + 3),
+             (gpvi.SparseGP(kern, L.Bernoulli(), inducing=M), (f > 0).astype(float), M * D + D + 2)]
+    for model, y, unknowns in cases:
+        seen.clear()
+        with mock.patch.object(scipy.optimize, "minimize", spy):
+            fit = gpvi.fit(model, X, y, learn_hyperparameters=True, learn_inducing=True, max_rounds=3)
+        assert np.isfinite(fit.vlb)
+        assert seen == [(unknowns, unknowns // 20)], seen  # one pair per 20 unknowns: 15 and 15 here

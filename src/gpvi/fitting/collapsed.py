@@ -40,7 +40,7 @@ from gpvi._compile import bucket
 from gpvi._module import flatten_params, unflatten_params
 from gpvi.likelihoods import Gaussian
 from gpvi.engines import Progress
-from gpvi.fitting.lbfgs import stop_message
+from gpvi.fitting.lbfgs import memory, stop_message
 from gpvi.fitting.problem import check_offset
 from gpvi.likelihoods.base import as_array
 from gpvi.models.base import GLM, GP, SparseGP, check_X
@@ -210,7 +210,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
                          f"{names}; check their values (or fit without learning them)")
     rows.append((time.perf_counter() - t0, bound(x0, f0)))
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
-                                  options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9))
+                                  options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9, maxcor=memory(x0.size)))
     learned = unflatten_params(model, unravel(jnp.asarray(best[1])))
     return (learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2), evaluations[0],
             stop_message(out, max_rounds))

@@ -34,7 +34,7 @@ import numpy as np
 import scipy.optimize
 
 from gpvi.fitting import collapsed, warmstart
-from gpvi.fitting.lbfgs import stop_message
+from gpvi.fitting.lbfgs import memory, stop_message
 from gpvi.fitting.problem import check_known
 from gpvi._module import (flatten_params, matching_parameters, parameter_value, ravel_params, ravel_values,
                           shares_elements, unflatten_params, untied_name)
@@ -367,7 +367,7 @@ def profile_search(problem, runner, model, names, state, start=None):
                          f"hyperparameters {names}; check their values (or fit without learning them)")
     rows.append((time.perf_counter() - t0, traced(x0, f0)))
     out = scipy.optimize.minimize(fun_once, x0, jac=True, method="L-BFGS-B", callback=record,
-                                  options=dict(maxiter=problem.max_rounds, ftol=tol, gtol=1e-9))
+                                  options=dict(maxiter=problem.max_rounds, ftol=tol, gtol=1e-9, maxcor=memory(x0.size)))
     best_vlb, best_x, best_state = memo["best"]
     message = STOPPED if runner.stopped else stop_message(out, problem.max_rounds)
     if best_x is None:
