@@ -175,6 +175,7 @@ def test_sparse_bound_gradient_against_finite_differences_of_a_dense_titsias_bou
                                    atol=1e-6 * max(1.0, np.max(np.abs(fd))), err_msg=n)
 
 
+@pytest.mark.slow  # two learned sparse fits (4 s): the quick subset stays under two minutes
 def test_searches_over_many_unknowns_keep_more_correction_pairs(rng):
     """L-BFGS-B keeps SciPy's 10 correction pairs for a few hyperparameters and more for a search
     over inducing inputs (gpvi.fitting.lbfgs.memory): the collapsed search (Gaussian) and the
