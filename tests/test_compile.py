@@ -156,6 +156,59 @@ def test_a_failed_cache_write_is_silent_and_stops_writing(tmp_path):
     assert proc.returncode == 0 and proc.stderr == "" and proc.stdout == "True\n", proc.stderr
 
 
+def test_a_cache_entry_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """Another process may read an entry while it is being written (two xdist workers, parallel
+    cross-validation jobs): JAX then reads a truncated stream, warns and compiles again.  gpvi's
+    cache writes under a temporary name and renames, so at no moment does the entry's name hold
+    part of the bytes; a write cut short leaves neither the entry nor the temporary file."""
+    from gpvi import _compile
+
+    class Inner:  # JAX's file cache as gpvi configures it (no eviction of its own)
+        eviction_enabled = False
+
+        def __init__(self, path):
+            self._path = path
+
+        def put(self, key, value):
+            raise AssertionError("gpvi writes the entry itself")
+
+    monkeypatch.setattr(_compile._state, "write_error", None)
+    cache = _compile._guarded_cache_class()(Inner(tmp_path), str(tmp_path), 10**6)
+    entry, value = tmp_path / "jit_f-1234-cache", os.urandom(50_000)
+    seen = []
+    real_replace = os.replace
+
+    def watching_replace(src, dst):  # the moment the entry appears
+        seen.append((os.path.exists(dst), open(src, "rb").read() == value))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(_compile.os, "replace", watching_replace)
+    cache.put("jit_f-1234", value)
+    assert seen == [(False, True)]  # the entry did not exist until it was complete
+    assert entry.read_bytes() == value and os.listdir(tmp_path) == [entry.name]
+
+    def failing_open(path, mode="r", *args, **kwargs):  # a write cut short by a full disk
+        f = open(path, mode, *args, **kwargs)
+        if "w" in mode:
+            real_write = f.write
+
+            def write(data):
+                real_write(data[: len(data) // 2])
+                raise OSError(28, "No space left on device")
+
+            f.write = write
+        return f
+
+    monkeypatch.setattr(_compile, "open", failing_open, raising=False)
+    cache.put("jit_g-5678", os.urandom(50_000))
+    assert os.listdir(tmp_path) == [entry.name]  # no partial entry, no temporary file
+    assert "No space left" in _compile._state.write_error
+    # and a temporary file left by a process killed mid-write goes with the cache
+    (tmp_path / "jit_h-9-cache.77-1.partial").write_bytes(b"half")
+    assert _compile.clear_cache(str(tmp_path)) == (1, len(value))
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_cache_is_kept_under_its_size_limit(tmp_path):
     cache = tmp_path / "cache"

@@ -68,6 +68,7 @@ _ON = ("1", "true", "yes", "on")
 # eviction on, KEY-atime): clearing and trimming touch these files only.
 _ENTRY_SUFFIX = "-cache"
 _ATIME_SUFFIX = "-atime"
+_PARTIAL_SUFFIX = ".partial"  # an entry being written (see _write_entry)
 # JAX's warnings for a failed read or write of a persistent-cache entry (jax._src.compiler).
 _JAX_CACHE_WARNING = r"Error (reading|writing) persistent compilation cache entry"
 
@@ -210,7 +211,8 @@ def trim_cache(path: str, max_bytes: int) -> int:
 
 def clear_cache(path: str | None = None) -> tuple[int, int]:
     """Remove every compiled program from gpvi's cache directory (:func:`cache_dir`, or
-    ``path``): JAX's ``*-cache`` and ``*-atime`` files, nothing else.  Returns the number of
+    ``path``): JAX's ``*-cache`` and ``*-atime`` files and the ``*.partial`` files of writes that
+    were cut short, nothing else.  Returns the number of
     programs removed and the bytes they took.  Programs already loaded in this process stay
     loaded; later processes compile again.  Exposed as ``gpvi.clear_compilation_cache``."""
     path = cache_dir() if path is None else os.fspath(path)
@@ -220,8 +222,9 @@ def clear_cache(path: str | None = None) -> tuple[int, int]:
         count += 1
         size += nbytes
     with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(path):  # an -atime file without its entry
-            if name.endswith(_ATIME_SUFFIX) and os.path.isfile(os.path.join(path, name)):
+        for name in os.listdir(path):
+            # an -atime file without its entry, or an entry whose writer was killed mid-write
+            if name.endswith((_ATIME_SUFFIX, _PARTIAL_SUFFIX)) and os.path.isfile(os.path.join(path, name)):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(path, name))
     if _state.guard is not None:
@@ -251,13 +254,34 @@ def cache_info() -> dict:
             "limit_bytes": limit, "active": active, "note": note, "write_error": _state.write_error}
 
 
+def _write_entry(entry: str, value: bytes) -> None:
+    """Write the cache entry ``entry`` so that no reader ever sees it partly written.
+
+    JAX's file cache writes an entry in place.  A second process that loads the same program
+    meanwhile (two pytest-xdist workers, parallel cross-validation jobs) reads a truncated
+    stream, warns ("Error reading persistent compilation cache entry ... truncated stream") and
+    compiles again.  Here the bytes go to a temporary file in the same directory, which is then
+    renamed onto the entry (an atomic replacement on POSIX and Windows); on failure the
+    temporary file is removed and the error raised."""
+    tmp = f"{entry}.{os.getpid()}-{threading.get_ident()}{_PARTIAL_SUFFIX}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(value)
+        os.replace(tmp, entry)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
 def _guarded_cache_class():
     from jax._src.compilation_cache_interface import CacheInterface
 
     class _GuardedCache(CacheInterface):
         """JAX's file cache for gpvi's directory, kept within the size limit and never raising:
-        a failed read is a miss; the first failed write is recorded, its partial entry removed,
-        and nothing more is written in this process."""
+        a failed read is a miss; an entry appears whole or not at all (:func:`_write_entry`);
+        the first failed write is recorded, its partial entry removed, and nothing more is
+        written in this process."""
 
         def __init__(self, inner, path: str, limit: int):
             self._inner = inner
@@ -290,7 +314,10 @@ def _guarded_cache_class():
                 try:
                     if self._size is None or self._size + len(value) > self.limit:
                         self._size = trim_cache(self.directory, self.limit - len(value))
-                    self._inner.put(key, value)
+                    if getattr(self._inner, "eviction_enabled", False):
+                        self._inner.put(key, value)  # JAX's own eviction: its put, under its lock
+                    else:
+                        _write_entry(entry, value)
                     self._size += len(value)
                 except Exception as err:  # disk full, file-size limit, read-only, removed
                     _state.write_error = f"{type(err).__name__}: {err}"
