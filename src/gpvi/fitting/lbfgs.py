@@ -9,8 +9,8 @@ from __future__ import annotations
 
 __all__ = ["stop_message", "memory"]
 
-# L-BFGS-B keeps SciPy's 10 correction pairs for searches over up to 200 unknowns, and one pair
-# per MEMORY_PER_PAIR unknowns beyond, at most MEMORY_MAX: a search over inducing inputs has
+# L-BFGS-B keeps one correction pair per MEMORY_PER_PAIR unknowns, at least SciPy's 10 (so up to
+# 219 unknowns nothing changes) and at most MEMORY_MAX: a search over inducing inputs has
 # thousands of unknowns, and 10 pairs summarise too little of their curvature.  kin40k's
 # collapsed bound (10 000 rows, M = 512 inducing inputs in 8 dimensions: 4 106 unknowns;
 # benchmarks/README.md, "kin40k: a longer L-BFGS-B memory"): after 100 iterations the bound was
@@ -23,7 +23,7 @@ MEMORY_PER_PAIR, MEMORY_MAX = 20, 200
 
 def memory(num_unknowns: int) -> int:
     """L-BFGS-B's ``maxcor`` (the correction pairs kept) for a search over ``num_unknowns``
-    unknowns: 10 (SciPy's default) up to 200 unknowns, then one pair per 20, at most 200."""
+    unknowns: one pair per 20 unknowns, at least 10 (SciPy's default) and at most 200."""
     return int(min(MEMORY_MAX, max(10, num_unknowns // MEMORY_PER_PAIR)))
 
 
