@@ -7,6 +7,13 @@ workers share it, and a second run of the suite compiles almost nothing.  The ca
 the program text, the compiler options and the jaxlib version, so it cannot hand a test code
 compiled for another program.  Set ``GPVI_TEST_JAX_CACHE=0`` to run without it, or to another
 directory to put it elsewhere.
+
+The suite's cache is gpvi's own (``GPVI_COMPILATION_CACHE`` names the directory, inherited by
+the processes the tests start), so every writer goes through gpvi's guard
+(:mod:`gpvi._compile`): an entry appears whole or not at all.  Configured for JAX directly, the
+workers wrote entries in place, and one worker now and then read another's half-written entry
+(JAX's warning "Error reading persistent compilation cache entry ... truncated stream", then a
+second compilation), seen in clean-clone CI runs.
 """
 import gc
 import os
@@ -27,18 +34,25 @@ if os.environ.get("GPVI_TEST_XLA_DEFAULT", "0") != "1" and "xla_backend_optimiza
     os.environ["GPVI_TEST_USER_XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
                                " --xla_cpu_use_fusion_emitters=false").strip()
-# The suite's own cache (below) replaces gpvi's per-user one; GPVI_TEST_JAX_CACHE=0 means none.
-os.environ.setdefault("GPVI_COMPILATION_CACHE", "0")
+# The suite's own cache replaces gpvi's per-user one; GPVI_TEST_JAX_CACHE=0 means none.  A full
+# run leaves about 160 MB in it; the limit (gpvi's default is 256 MB) leaves room for a few runs
+# of changed code before the least recently used entries are trimmed.
+_cache = os.environ.get("GPVI_TEST_JAX_CACHE", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compile"))
+os.environ["GPVI_COMPILATION_CACHE"] = _cache
+os.environ.setdefault("GPVI_COMPILATION_CACHE_MAX_MB", "1024")
+os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # (gpvi leaves a directory configured for JAX alone)
 
 import gpvi  # noqa: E402,F401  (enables float64 before any test builds arrays)
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-_cache = os.environ.get("GPVI_TEST_JAX_CACHE", str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compile"))
 if _cache != "0":
-    jax.config.update("jax_compilation_cache_dir", _cache)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    # gpvi configured JAX at import (the directory; every program stored however fast it
+    # compiled).  Where it could not (the directory cannot be made), JAX gets it directly.
+    if jax.config.jax_compilation_cache_dir != _cache:
+        jax.config.update("jax_compilation_cache_dir", _cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 

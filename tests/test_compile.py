@@ -116,9 +116,11 @@ def test_default_cache_dir_without_xdg(monkeypatch):
 
 # ------------------------------------------------------- issue 30 §2: a bounded, quiet cache
 def _run_python(code, cache, tmp_path, **extra_env):
-    """Run ``code`` in a fresh process whose gpvi cache is ``cache``; programs are written to it
+    """Run ``code`` in a fresh process whose gpvi cache is ``cache``, with gpvi's default size
+    limit unless ``extra_env`` sets one (not the suite's, conftest.py); programs are written to it
     however fast they compiled."""
-    env = {k: v for k, v in os.environ.items() if k not in ("JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME", "GPVI_COMPILATION_CACHE_MAX_MB")}
     env.update({"GPVI_COMPILATION_CACHE": str(cache), **extra_env})
     prelude = ("import gpvi, jax, numpy as np\n"
                "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)\n")

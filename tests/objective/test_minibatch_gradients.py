@@ -140,6 +140,43 @@ def test_sfp_shared_learning_step_matches_the_two_steps(rng):
         np.testing.assert_allclose(np.asarray(th1[n]), np.asarray(th2[n]), rtol=1e-8, atol=1e-10, err_msg=n)
 
 
+@pytest.mark.parametrize("M", [40, 330])
+def test_inverse_factor_tangent_matches_the_chain_through_cholesky(rng, M):
+    """``models.base.inverse_factor``'s closed-form tangent, at a size where its triangular
+    inverse recurses (M > 320), against JAX's derivative of the Cholesky factorisation and the
+    triangular inverse in a symmetric direction dK, and against the formula in dense NumPy in
+    any direction (it is linear in dK either way)."""
+    from jax.scipy.linalg import solve_triangular
+
+    from gpvi.models.base import inverse_factor
+
+    A = rng.normal(size=(M, M))
+    K0 = jnp.asarray(A @ A.T / M + 0.5 * np.eye(M))  # condition number ~10
+    dirs = [rng.normal(size=(M, M))]
+    dirs.append(dirs[0] + dirs[0].T)
+
+    def ours(K):
+        return inverse_factor(K, jnp.linalg.cholesky(K))
+
+    def chain(K):
+        Lk = jnp.linalg.cholesky(0.5 * (K + K.T))
+        return solve_triangular(Lk, jnp.eye(M), lower=True)
+
+    for dK in dirs:
+        dK = jnp.asarray(dK)
+        v1, t1 = jax.jvp(ours, (K0,), (dK,))
+        v2, t2 = jax.jvp(chain, (K0,), (0.5 * (dK + dK.T),))
+        np.testing.assert_allclose(np.asarray(v1), np.asarray(v2), rtol=0, atol=1e-12)
+        if np.array_equal(np.asarray(dK), np.asarray(dK).T):  # the same tangent as the chain's
+            np.testing.assert_allclose(np.asarray(t1), np.asarray(t2), rtol=0, atol=1e-10 * np.abs(t2).max())
+        # and, in any direction, the formula −Φ(T dK Tᵀ) T with dense NumPy products
+        T = np.linalg.inv(np.linalg.cholesky(np.asarray(K0)))
+        P = T @ np.asarray(dK) @ T.T
+        dense = -(np.tril(P, -1) + 0.5 * np.diag(np.diag(P))) @ T
+        np.testing.assert_allclose(np.asarray(t1), dense, rtol=0, atol=1e-10 * np.abs(dense).max())
+        assert np.all(np.triu(np.asarray(t1), 1) == 0.0)  # L⁻¹ stays lower triangular
+
+
 def test_sparse_gp_inverse_factor_derivative_matches_the_chain_through_cholesky(rng):
     """``SparseGP.caches`` gives ``L⁻¹`` a closed-form derivative in K(Z, Z); against JAX's own
     derivative of the Cholesky factor and the triangular inverse, on near-paired inducing
