@@ -242,6 +242,42 @@ def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov)
     assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)  # a Cholesky factor
 
 
+@pytest.mark.parametrize("Q", [None, 3])
+@pytest.mark.parametrize("alpha,update_mean,update_cov", [(1.0, True, True), (0.3, True, False), (1.0, False, True)])
+def test_target_and_step_proposes_the_undamped_step_of_dense_algebra(rng, Q, alpha, update_mean, update_cov):
+    # target_and_step's proposal (its own copy of the step without the damped branch, which
+    # natural_step keeps) against the same oracle as above, for one block and Q stacked blocks,
+    # with the gap against estimated_gap.
+    import jax.numpy as jnp
+    from gpvi.engines._common import estimated_gap, target_and_step
+
+    d, blocks = 6, 1 if Q is None else Q
+    S, chols = [], []
+    for _ in range(blocks):
+        B = rng.standard_normal((d, 3 * d))
+        S.append(-(B @ B.T) / d)
+        c = np.tril(rng.standard_normal((d, d)))
+        np.fill_diagonal(c, np.abs(np.diag(c)) + 1.0)
+        chols.append(c)
+    S, chols, g = np.stack(S), np.stack(chols), rng.standard_normal((blocks, d))
+    m = rng.standard_normal((blocks, d))
+    if Q is None:
+        S, chols, g, m = S[0], chols[0], g[0], m[0]
+    state = gpvi.State(jnp.asarray(m), jnp.asarray(chols))
+    _, out, gap = target_and_step(state, jnp.asarray(g), jnp.asarray(S), alpha, update_mean, update_cov)
+    assert float(gap) == pytest.approx(float(estimated_gap(state, jnp.asarray(g), jnp.asarray(S))[0]), rel=1e-12)
+    for q in range(blocks):
+        pick = (lambda x: np.asarray(x)) if Q is None else (lambda x, q=q: np.asarray(x)[q])
+        Sq, Cq, gq, mq = pick(S), pick(chols), pick(g), pick(m)
+        H = np.eye(d) - Sq
+        want_mean = mq + alpha * np.linalg.solve(H, gq) if update_mean else mq
+        want_V = np.linalg.inv(H) if update_cov else Cq @ Cq.T
+        new = pick(out.chol)
+        np.testing.assert_allclose(pick(out.mean), want_mean, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(new @ new.T, want_V, rtol=1e-11, atol=1e-12)
+        assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.3])
 @pytest.mark.parametrize("update_mean,update_cov", [(True, True), (True, False), (False, True)])
 def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha, update_mean, update_cov):

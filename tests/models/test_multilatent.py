@@ -166,12 +166,12 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     assert np.linalg.norm(np.asarray(d_def).reshape(-1) - d_ref) <= 1e-2 * np.linalg.norm(d_ref)
     # solved to 1e-12, with the rows' curvatures from the pass and recomputed
     obj = Objective(model, X, y, newton_rtol=1e-12)
-    RH, d, gap, RH_inv = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h)
+    RH, d, gap, RH_inv, _ = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h)
     # the inverse factors: RH⁻¹ RH = I in every block
     for q in range(3):
         np.testing.assert_allclose(np.asarray(RH_inv[q]) @ np.asarray(RH[q]), np.eye(25), atol=1e-10)
     np.testing.assert_allclose(np.asarray(d).reshape(-1), d_ref, rtol=1e-8, atol=1e-10 * np.abs(d_ref).max())
-    _, d2, _, _ = coupled_target(obj, st, sums.grad, sums.S)
+    _, d2, _, _, _ = coupled_target(obj, st, sums.grad, sums.S)
     np.testing.assert_allclose(np.asarray(d2), np.asarray(d), rtol=1e-10, atol=1e-12 * np.abs(d_ref).max())
     # the gap's covariance share is the per-latent one: remove it via the uncoupled estimate
     from gpvi.engines._common import estimated_gap
@@ -392,10 +392,19 @@ def test_coupled_target_in_one_call_matches_the_step_by_step_one():
     sums = fused.sums(st)
     a = _common.coupled_target(fused, st, sums.grad, sums.S, sums.rows_h, sums.trSV)
     b = _common.coupled_target(generic, st, sums.grad, sums.S, sums.rows_h, sums.trSV)
-    for x, z in zip(a[:2] + a[3:], b[:2] + b[3:]):
+    for x, z in zip(a[:2] + a[3:4], b[:2] + b[3:4]):
         np.testing.assert_allclose(np.asarray(x), np.asarray(z), rtol=1e-10, atol=1e-12)
     assert a[2] == pytest.approx(b[2], rel=1e-10) and np.isfinite(a[2])
+    assert b[4] is None  # the generic path leaves the step to the caller
+    # the fused call's proposal is natural_step's along the joint direction, for the joint step
+    # and the mean-only step (undamped: a covariance step of size 1)
+    for step in [(1.0, True, True), (0.5, True, False), (1.0, False, True)]:
+        RH, d, _, inv, prop = _common.coupled_target(fused, st, sums.grad, sums.S, sums.rows_h, sums.trSV, step=step)
+        ref = _common.natural_step(st, sums.grad, RH, step[0], step[1], step[2], d, inv)
+        np.testing.assert_array_equal(np.asarray(prop.mean), np.asarray(ref.mean))
+        np.testing.assert_array_equal(np.asarray(prop.chol), np.asarray(ref.chol))
     bad = sums.S.at[1].add(2.0 * jnp.eye(25))  # I − S_1 has negative eigenvalues
     for obj in (fused, generic):
-        RH, d, gap, inv = _common.coupled_target(obj, st, sums.grad, bad, sums.rows_h, sums.trSV)
-        assert d is None and inv is None and gap == float("inf") and not np.all(np.isfinite(np.asarray(RH)))
+        RH, d, gap, inv, prop = _common.coupled_target(obj, st, sums.grad, bad, sums.rows_h, sums.trSV)
+        assert d is None and inv is None and prop is None and gap == float("inf")
+        assert not np.all(np.isfinite(np.asarray(RH)))

@@ -340,10 +340,15 @@ def _coupled_natural_step(state: State, grad, RH, alpha, update_mean, update_cov
         return map_latents(lambda s_, g_, r_: _natural_step(s_, g_, r_, alpha, False, True).chol, state, grad, RH)
 
     def full():
-        return jnp.where(update_cov, jnp.swapaxes(RH_inv, -1, -2)[:, ::-1, ::-1], state.chol)
+        return jnp.where(update_cov, _flipped_transpose(RH_inv), state.chol)
 
     chol = jax.lax.cond(jnp.logical_and(update_cov, alpha < 1.0), damped, full)
     return State(mean, chol)
+
+
+def _flipped_transpose(RH_inv):
+    """``J RH⁻ᵀ J`` of stacked factors (Q, d, d): the covariance factor of the full step."""
+    return jnp.swapaxes(RH_inv, -1, -2)[:, ::-1, ::-1]
 
 
 def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direction=None, RH_inv=None):
@@ -372,13 +377,29 @@ def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=T
     """:func:`precision_chol` of ``S``, the :func:`estimated_gap` at ``state`` and the
     :func:`natural_step` from it, in one compiled call (the first proposal of every iteration;
     in an fpi iteration at N = 20 000, d = 200 separate calls took 1.7 ms between the passes).
-    Returns ``(RH, proposal, gap)``."""
+    Returns ``(RH, proposal, gap)``.
+
+    The proposal is that of an undamped step: a covariance step of size ``alpha < 1`` (which
+    factorises ``(1 − α) V⁻¹ + α H`` again) is left to :func:`natural_step`, whose program a fit
+    compiles only once it damps such a step (see :meth:`SafeguardedAscent._target`)."""
     RH = precision_chol(S)
     if grad.ndim == 2:
         gap = jnp.sum(map_latents(_gap_from_factor, state, grad, RH, trSV))
+        prop = map_latents(lambda s_, g_, r_: _undamped_step(s_, g_, r_, alpha, update_mean, update_cov),
+                           state, grad, RH)
     else:
         gap = _gap_from_factor(state, grad, RH, trSV)
-    return RH, natural_step(state, grad, RH, alpha, update_mean, update_cov), gap
+        prop = _undamped_step(state, grad, RH, alpha, update_mean, update_cov)
+    return RH, prop, gap
+
+
+def _undamped_step(state: State, grad, RH, alpha, update_mean, update_cov):
+    """:func:`_natural_step` where the covariance step, if taken, has size 1 (``V ← H⁻¹``): the
+    same operations without its damped branch."""
+    mean = jax.lax.cond(update_mean, lambda: state.mean + alpha * cho_solve((RH, True), grad[::-1])[::-1],
+                        lambda: state.mean)
+    chol = jax.lax.cond(update_cov, lambda: flip(tri_inv(RH).T), lambda: state.chol)
+    return State(mean, chol)
 
 
 @jax.jit
@@ -391,34 +412,46 @@ def _coupled_gap(state: State, RH, mean_gain, trSV=None):
 
 
 @jax.jit
-def _in_memory_coupled_target(model, chunks, proj, state: State, grad, S, rows_h, trSV, rtol):
+def _in_memory_coupled_target(model, chunks, proj, state: State, grad, S, rows_h, trSV, rtol, alpha,
+                              update_mean, update_cov):
     """:func:`coupled_target` of an in-memory :class:`~gpvi.objective.Objective` in one compiled
     call: the factors, the joint direction (:func:`gpvi.objective.newton.coupled_direction`) and
     the gap, with whether every factor is finite (three calls and two waits before: 2.0 ms of a
-    6.3 ms softmax iteration on iris, whose parts take 0.8 ms).  Where a factor is not finite the
-    direction's conjugate gradients stop at once (their residual is NaN) and the caller drops it."""
+    6.3 ms softmax iteration on iris, whose parts take 0.8 ms), and the undamped proposal
+    (:func:`_coupled_natural_step` at step size ``alpha`` with a covariance step, if any, of size
+    1).  Where a factor is not finite the direction's conjugate gradients stop at once (their
+    residual is NaN) and the caller drops it."""
     RH, RH_inv = precision_and_inverse(S)
     d, mean_gain = coupled_direction(model, chunks, proj, state, grad, RH_inv, rows_h, rtol=rtol)
-    return RH, d, _coupled_gap(state, RH, mean_gain, trSV), RH_inv, jnp.all(jnp.isfinite(RH))
+    prop = State(jnp.where(update_mean, state.mean + alpha * d, state.mean),
+                 jnp.where(update_cov, _flipped_transpose(RH_inv), state.chol))
+    return RH, d, _coupled_gap(state, RH, mean_gain, trSV), RH_inv, jnp.all(jnp.isfinite(RH)), prop
 
 
-def coupled_target(objective, state: State, grad, S, rows_h=None, trSV=None):
-    """``(RH, d, gap, RH⁻¹)`` for an objective whose latent blocks the likelihood couples
-    (``objective.coupled``): the per-latent precision factors, the joint Newton direction of the
-    means, the estimated gap with the mean's share ``½ gᵀ d`` and the factors' inverses
-    (:func:`precision_and_inverse`).  ``d`` is ``None`` (and the gap ``inf``) when some
-    ``I − S_q`` is not positive definite."""
+def coupled_target(objective, state: State, grad, S, rows_h=None, trSV=None, step=(1.0, False, False)):
+    """``(RH, d, gap, RH⁻¹, proposal)`` for an objective whose latent blocks the likelihood
+    couples (``objective.coupled``): the per-latent precision factors, the joint Newton direction
+    of the means, the estimated gap with the mean's share ``½ gᵀ d``, the factors' inverses
+    (:func:`precision_and_inverse`) and, for an in-memory objective, the undamped
+    :func:`natural_step` of ``step = (alpha, update_mean, update_cov)`` along ``d`` (``None``
+    otherwise: the caller takes the step).  ``d`` is ``None`` (and the gap ``inf``) when some
+    ``I − S_q`` is not positive definite.
+
+    Returning the proposal from the same program means a fit whose coupled steps are never
+    damped does not compile :func:`natural_step` at all (1.0 s of XLA compilation on USPS 4-7-9,
+    three latents of d = 1 233)."""
     if type(objective).newton_direction is Objective.newton_direction:  # the in-memory objective: one call
-        RH, d, gap, RH_inv, finite = _in_memory_coupled_target(objective.model, objective.chunks, objective.proj,
-                                                               state, grad, S, rows_h, trSV, objective.newton_rtol)
+        RH, d, gap, RH_inv, finite, prop = _in_memory_coupled_target(
+            objective.model, objective.chunks, objective.proj, state, grad, S, rows_h, trSV, objective.newton_rtol,
+            *step)
         if not bool(finite):
-            return RH, None, float("inf"), None
-        return RH, d, float(gap), RH_inv
+            return RH, None, float("inf"), None, None
+        return RH, d, float(gap), RH_inv, prop
     RH, RH_inv = precision_and_inverse(S)
     if not is_finite(RH):
-        return RH, None, float("inf"), None
+        return RH, None, float("inf"), None, None
     d, mean_gain = objective.newton_direction(state, grad, RH_inv, rows_h)
-    return RH, d, float(_coupled_gap(state, RH, mean_gain, trSV)), RH_inv
+    return RH, d, float(_coupled_gap(state, RH, mean_gain, trSV)), RH_inv, None
 
 
 @jax.jit
@@ -498,15 +531,20 @@ class SafeguardedAscent:
             return precision_chol(self.objective.sums(state, clip_gamma=True).S), None, alpha
         was_clipped, self.target_clipped = self.target_clipped, False
         self.direction = self.inverse = None
+        # the compiled targets return the undamped proposal; a damped covariance step is left to
+        # _try (natural_step), so that a fit that never damps one does not compile that branch
+        damped = bool(update_cov and alpha < 1.0)
         if update_mean and getattr(self.objective, "coupled", False):
-            RH, d, gap, self.inverse = coupled_target(self.objective, state, sums.grad, sums.S, sums.rows_h,
-                                                      sums.trSV)
+            RH, d, gap, self.inverse, prop = coupled_target(self.objective, state, sums.grad, sums.S, sums.rows_h,
+                                                            sums.trSV, step=(alpha, update_mean, update_cov))
             self.gap, self.direction = gap, d
-            prop = None if d is None else natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, d,
-                                                       self.inverse)
+            if d is not None and (prop is None or damped):
+                prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, d, self.inverse)
         else:
             RH, prop, gap = target_and_step(state, sums.grad, sums.S, alpha, update_mean, update_cov, sums.trSV)
             self.gap = float(gap)
+            if damped:
+                prop = None
         if not is_finite(RH):
             # I − S is not positive definite: some γ_i = −λ_i < 0 (a likelihood that is not
             # log-concave, e.g. Student-t, far from the optimum).  Use γ clipped at 0
