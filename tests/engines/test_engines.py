@@ -242,6 +242,19 @@ def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov)
     assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)  # a Cholesky factor
 
 
+def _blocks_of_sums_and_factors(rng, Q, d):
+    """``(S, chol)`` of Q blocks: ``S = Σλ_i a_i a_iᵀ`` with λ < 0 and a covariance factor with a
+    positive diagonal, each (Q, d, d)."""
+    S, chols = [], []
+    for _ in range(Q):
+        B = rng.standard_normal((d, 3 * d))
+        S.append(-(B @ B.T) / d)
+        c = np.tril(rng.standard_normal((d, d)))
+        np.fill_diagonal(c, np.abs(np.diag(c)) + 1.0)
+        chols.append(c)
+    return np.stack(S), np.stack(chols)
+
+
 @pytest.mark.parametrize("Q", [None, 3])
 @pytest.mark.parametrize("alpha,update_mean,update_cov", [(1.0, True, True), (0.3, True, False), (1.0, False, True)])
 def test_target_and_step_proposes_the_undamped_step_of_dense_algebra(rng, Q, alpha, update_mean, update_cov):
@@ -252,14 +265,8 @@ def test_target_and_step_proposes_the_undamped_step_of_dense_algebra(rng, Q, alp
     from gpvi.engines._common import estimated_gap, target_and_step
 
     d, blocks = 6, 1 if Q is None else Q
-    S, chols = [], []
-    for _ in range(blocks):
-        B = rng.standard_normal((d, 3 * d))
-        S.append(-(B @ B.T) / d)
-        c = np.tril(rng.standard_normal((d, d)))
-        np.fill_diagonal(c, np.abs(np.diag(c)) + 1.0)
-        chols.append(c)
-    S, chols, g = np.stack(S), np.stack(chols), rng.standard_normal((blocks, d))
+    S, chols = _blocks_of_sums_and_factors(rng, blocks, d)
+    g = rng.standard_normal((blocks, d))
     m = rng.standard_normal((blocks, d))
     if Q is None:
         S, chols, g, m = S[0], chols[0], g[0], m[0]
@@ -288,14 +295,7 @@ def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha
     from gpvi.engines._common import natural_step, precision_and_inverse
 
     Q, d = 3, 6
-    S, chols = [], []
-    for _ in range(Q):
-        B = rng.standard_normal((d, 3 * d))
-        S.append(-(B @ B.T) / d)
-        c = np.tril(rng.standard_normal((d, d)))
-        np.fill_diagonal(c, np.abs(np.diag(c)) + 1.0)
-        chols.append(c)
-    S, chols = np.stack(S), np.stack(chols)
+    S, chols = _blocks_of_sums_and_factors(rng, Q, d)
     state = gpvi.State(jnp.asarray(rng.standard_normal((Q, d))), jnp.asarray(chols))
     g, direction = rng.standard_normal((Q, d)), rng.standard_normal((Q, d))
     RH, RH_inv = precision_and_inverse(jnp.asarray(S))
