@@ -219,7 +219,7 @@ def test_whole_data_subproblem_matches_batch_hyperparameter_learning(monkeypatch
     # it stopped on the relative-change rule (solved), not on the evaluation budget: it used
     # n < 200 evaluations, and a budget of n − 1 does bind (the run then uses exactly n − 1)
     n = res.extras["subproblem_evaluations"][0]
-    assert n < 200, f"the subproblem used the whole budget of 200 evaluations: not solved by its rule"
+    assert n < 200, "the subproblem used the whole budget of 200 evaluations: not solved by its rule"
     assert n >= 2, f"the subproblem stopped after {n} evaluation: L-BFGS-B made no step"
     capped = gpvi.fit(m, X, y, engine="ivsgpr", max_iter=1,
                       engine_options=dict(batch_size=N, subproblem_evals="ada", step_size=1.0, learn=names,

@@ -131,7 +131,6 @@ def test_sparse_bound_gradient_against_finite_differences_of_a_dense_titsias_bou
     is in closed form) against Titsias' bound written densely in NumPy, log N(y | μ, Q + σ²I) −
     tr(K − Q)/(2σ²) with Q = K_xz K_zz⁻¹ K_zx, and its gradient against central differences of
     that NumPy bound; inducing inputs in near pairs make K(Z, Z) ill-conditioned (~1e6)."""
-    import jax
     from scipy.linalg import cho_factor, cho_solve
 
     from gpvi._module import flatten_params, unflatten_params

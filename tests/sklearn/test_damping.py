@@ -1,7 +1,6 @@
 """Damped fixed-point steps are reported by the estimators and warned about when they dominate."""
 import warnings
 
-import numpy as np
 import pytest
 
 import gpvi
