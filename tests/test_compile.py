@@ -86,14 +86,33 @@ def test_import_enables_the_persistent_cache(tmp_path):
 
 @pytest.fixture
 def no_cache_config(monkeypatch):
-    """jax's cache directory unset for the test, restored afterwards (the suite's own cache)."""
+    """jax's cache directory unset for the test, restored afterwards with gpvi's record of it
+    (the suite's own cache)."""
+    from gpvi import _compile
+
     saved = (jax.config.jax_compilation_cache_dir, jax.config.jax_persistent_cache_min_compile_time_secs)
+    for field in ("path", "limit", "error"):
+        monkeypatch.setattr(_compile._state, field, getattr(_compile._state, field))
     jax.config.update("jax_compilation_cache_dir", None)
     for k in ("GPVI_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.delenv(k, raising=False)
     yield
     jax.config.update("jax_compilation_cache_dir", saved[0])
     jax.config.update("jax_persistent_cache_min_compile_time_secs", saved[1])
+
+
+def test_the_suites_cache_is_written_through_gpvis_guard():
+    """conftest.py hands the suite's cache directory to gpvi (GPVI_COMPILATION_CACHE), so that
+    both xdist workers write entries whole (see test_a_cache_entry_appears_whole_or_not_at_all)
+    instead of in place, as JAX's own writer does."""
+    from gpvi import _compile
+
+    if os.environ.get("GPVI_TEST_JAX_CACHE") == "0":
+        pytest.skip("the suite runs without a compilation cache (GPVI_TEST_JAX_CACHE=0)")
+    jax.jit(lambda x: x * 2.5 - 0.75)(np.ones(3)).block_until_ready()  # the cache is set up at a first compilation
+    suite = jax.config.jax_compilation_cache_dir
+    assert suite and _compile._state.path == suite
+    assert _compile._state.guard is not None and _compile._state.guard.directory == suite
 
 
 def test_persistent_cache_location_and_opt_out(tmp_path, monkeypatch, no_cache_config):
