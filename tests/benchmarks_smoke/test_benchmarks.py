@@ -17,13 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _env(share_cache=True):
     """The environment of a benchmark process: with ``share_cache``, gpvi's persistent compilation
-    cache is the suite's own (conftest.py), so programs that the suite, an earlier benchmark or a
-    benchmark's own child processes compiled are loaded instead of compiled again."""
-    import jax
-
+    cache is the suite's own (conftest.py sets ``GPVI_COMPILATION_CACHE``, which the process
+    inherits), so programs that the suite, an earlier benchmark or a benchmark's own child
+    processes compiled are loaded instead of compiled again; without it, no cache."""
     env = dict(os.environ)
-    if share_cache and jax.config.jax_compilation_cache_dir:
-        env["GPVI_COMPILATION_CACHE"] = str(jax.config.jax_compilation_cache_dir)
+    if not share_cache:
+        env["GPVI_COMPILATION_CACHE"] = "0"
     return env
 
 
