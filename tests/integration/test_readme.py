@@ -310,9 +310,8 @@ def _env():
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
     env["MPLBACKEND"] = "Agg"
-    # compiled programs kept where the rest of the suite keeps them (see conftest.py)
-    cache = os.environ.get("GPVI_TEST_JAX_CACHE", str(ROOT / ".pytest_cache" / "jax-compile"))
-    env["GPVI_COMPILATION_CACHE"] = cache
+    # compiled programs kept where the rest of the suite keeps them: conftest.py set
+    # GPVI_COMPILATION_CACHE in this process's environment, which the child inherits
     env.pop("JAX_COMPILATION_CACHE_DIR", None)
     return env
 

@@ -353,23 +353,25 @@ def _flipped_transpose(RH_inv):
 
 def _natural_step(state: State, grad, RH, alpha, update_mean, update_cov, direction=None, RH_inv=None):
     def damped():
-        # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H.
+        # Λ' = (1−α) V⁻¹ + α J RH RHᵀ J, from the factors of V and H; the mean's Newton step
+        # then uses Λ' too.  V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ: an M×M step, not in the O(N·M²) path
         Linv = tri_inv(state.chol)
-        return reversed_chol((1.0 - alpha) * (transposed(Linv) @ Linv) + alpha * flip(RH @ RH.T))
+        R = reversed_chol((1.0 - alpha) * (transposed(Linv) @ Linv) + alpha * flip(RH @ RH.T))
+        return State(_mean_step(state, grad, R, alpha, update_mean, direction), flip(tri_inv(R).T))
 
     # a mean-only step keeps V: its Newton step uses H itself at any α
-    R = jax.lax.cond(jnp.logical_and(update_cov, alpha < 1.0), damped, lambda: RH)
-    # Λ'⁻¹ g = J (R Rᵀ)⁻¹ J g
+    return jax.lax.cond(jnp.logical_and(update_cov, alpha < 1.0), damped,
+                        lambda: _undamped_step(state, grad, RH, alpha, update_mean, update_cov, direction, RH_inv))
+
+
+def _mean_step(state: State, grad, R, alpha, update_mean, direction=None):
+    """The mean's part of :func:`_natural_step` with the precision ``Λ'`` of the step given by its
+    reversed factor ``R``: ``m + α Λ'⁻¹ g = m + α J (R Rᵀ)⁻¹ J g``, or ``m + α d`` along a joint
+    ``direction``; ``m`` where the mean is not updated."""
     if direction is not None:
-        mean = jnp.where(update_mean, state.mean + alpha * direction, state.mean)
-    else:
-        mean = jax.lax.cond(update_mean, lambda: state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1],
-                            lambda: state.mean)
-    # V' = Λ'⁻¹ = (J R⁻ᵀ J)(J R⁻ᵀ J)ᵀ; an M×M step, not in the O(N·M²) path
-    damped_step = jnp.logical_and(update_cov, alpha < 1.0)
-    inverse = (lambda: tri_inv(R)) if RH_inv is None else (lambda: jax.lax.cond(damped_step, tri_inv, lambda _: RH_inv, R))
-    chol = jax.lax.cond(update_cov, lambda: flip(inverse().T), lambda: state.chol)
-    return State(mean, chol)
+        return jnp.where(update_mean, state.mean + alpha * direction, state.mean)
+    return jax.lax.cond(update_mean, lambda: state.mean + alpha * cho_solve((R, True), grad[::-1])[::-1],
+                        lambda: state.mean)
 
 
 @jax.jit
@@ -393,14 +395,15 @@ def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=T
     return RH, prop, gap
 
 
-def _undamped_step(state: State, grad, RH, alpha, update_mean, update_cov):
-    """:func:`_natural_step` where the covariance step, if taken, has size 1 (``V ← H⁻¹``): the
-    same operations without its damped branch.  For a damped covariance step (``alpha < 1``),
-    which the caller takes with :func:`natural_step` instead, the triangular inverse is skipped
-    and the covariance left as it was."""
-    mean = jax.lax.cond(update_mean, lambda: state.mean + alpha * cho_solve((RH, True), grad[::-1])[::-1],
-                        lambda: state.mean)
-    chol = jax.lax.cond(jnp.logical_and(update_cov, alpha >= 1.0), lambda: flip(tri_inv(RH).T), lambda: state.chol)
+def _undamped_step(state: State, grad, RH, alpha, update_mean, update_cov, direction=None, RH_inv=None):
+    """:func:`_natural_step` where the covariance step, if taken, has size 1 (``V ← H⁻¹``): its
+    branch without the damped factorisation.  For a damped covariance step (``alpha < 1``),
+    which :func:`target_and_step`'s caller takes with :func:`natural_step` instead, the
+    triangular inverse is skipped and the covariance left as it was.  ``RH_inv``, if given, is
+    ``RH⁻¹`` (then no triangular inverse at all)."""
+    mean = _mean_step(state, grad, RH, alpha, update_mean, direction)
+    inverse = (lambda: tri_inv(RH)) if RH_inv is None else (lambda: RH_inv)
+    chol = jax.lax.cond(jnp.logical_and(update_cov, alpha >= 1.0), lambda: flip(inverse().T), lambda: state.chol)
     return State(mean, chol)
 
 
