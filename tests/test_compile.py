@@ -34,6 +34,7 @@ def _classification(rng, N):
     return X, (X[:, 0] + 0.5 * rng.normal(size=N) > 0).astype(float)
 
 
+@pytest.mark.slow
 def test_sizes_in_one_bucket_compile_the_data_pass_once(rng):
     """Two training-set sizes in one bucket: the second fit (with hyperparameter learning)
     compiles neither the set-up, the data pass nor the bound's gradient again; a size in another

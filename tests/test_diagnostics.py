@@ -257,6 +257,7 @@ def test_check_fit_logistic_glm_first_iteration():
 
 
 # ---- stochastic volatility ---------------------------------------------------------------
+@pytest.mark.slow
 def test_sv_expected_log_prob_and_moments_equal_quad():
     lik = L.StochasticVolatility()
     for y, m, v in [(0.7, -0.5, 0.3), (-2.0, 1.0, 2.0), (0.05, 0.0, 0.01), (3.0, -2.0, 5.0)]:

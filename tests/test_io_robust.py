@@ -134,6 +134,7 @@ def predictions(obj):
     return obj.predict(X), obj.predict_proba(X)
 
 
+@pytest.mark.slow
 def test_valid_files_load_and_predict_as_saved(fits, blobs, tmp_path):
     for kind, fit in fits.items():
         back = gpvi.io.load(write(tmp_path, blobs[kind], f"{kind}.gpvi"))
@@ -225,6 +226,7 @@ def deflated_zeros(nbytes: int) -> bytes:
     return npy_header("|u1", (nbytes,)) + bytes(nbytes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("member", ["junk.npy", "fit.state.mean.npy", "meta.json.npy"])
 def test_member_inflating_beyond_the_budget_is_refused_unread(blobs, tmp_path, member):
     # 64 MiB of zeros deflate to ~300 kB: past the 16 MiB a file this small may inflate to,
@@ -524,6 +526,7 @@ def test_save_through_a_symlink_replaces_its_target_and_keeps_the_link(fits, tmp
     assert sorted(os.listdir(tmp_path)) == ["link.gpvi", "real.gpvi"]
 
 
+@pytest.mark.slow
 def test_a_file_naming_an_undefined_class_says_what_to_do_not_that_it_is_damaged(tmp_path):
     # A Kernel subclass defined in the saving program but not in the loading one (a name no other
     # test defines: Kernel subclasses are found by class name): the file is

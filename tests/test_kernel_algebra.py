@@ -92,6 +92,7 @@ IDS = list(CASES)
 
 
 # ------------------------------------------------------------------------------- values
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IDS)
 def test_matrix_and_diag_match_numpy_oracle(name):
     k = CASES[name]

@@ -129,6 +129,7 @@ def test_matrix_is_symmetric_psd(name):
     assert eig.min() >= -1e-10 * eig.max(), f"min eigenvalue {eig.min():.3e}, max {eig.max():.3e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IDS)
 def test_matrix_matches_pairwise_definition(name):
     k = CASES[name]

@@ -46,6 +46,7 @@ def test_plot_traces_one_line_per_fit(poisson_fits, tmp_path):
     _save(ax.figure, tmp_path / "traces.png")
 
 
+@pytest.mark.slow
 def test_plot_traces_gap_is_log_scale_and_positive(poisson_fits, tmp_path):
     fits, _, _ = poisson_fits
     fig, ax = plt.subplots()
@@ -114,6 +115,7 @@ def test_missing_matplotlib_names_the_extra(monkeypatch):
         require_matplotlib()
 
 
+@pytest.mark.slow
 def test_plots_and_datasets_are_attributes_of_gpvi_after_import_gpvi():
     # The README says `gpvi.plots` draws the figures: after a bare `import gpvi` it raised
     # AttributeError (as did gpvi.datasets) until `import gpvi.plots` was written out.

@@ -848,6 +848,7 @@ def test_cache_info_and_clear(tmp_path, capsys, monkeypatch):
     assert rc == 0 and "cache" in out
 
 
+@pytest.mark.slow
 def test_cache_size_limit_bad_value_is_one_error_line(tmp_path):
     env = {**os.environ, "GPVI_COMPILATION_CACHE": str(tmp_path / "cache"), "GPVI_COMPILATION_CACHE_MAX_MB": "1GB"}
     env.pop("JAX_COMPILATION_CACHE_DIR", None)

@@ -81,6 +81,7 @@ def test_defaults_give_the_same_model_and_bound(lik, tmp_path):
     _assert_same(fit, extra, est)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lik", ["bernoulli", "gaussian", "poisson", "ordinal"])
 def test_no_learning_gives_the_same_start(lik, tmp_path):
     """Without learning the bound is that of the shared starting model itself: kernel at the

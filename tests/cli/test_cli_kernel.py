@@ -55,6 +55,7 @@ def test_rbf_plus_periodic_fits_saves_and_predicts(periodic_csv, tmp_path, capsy
     assert (tmp_path / "p.csv").read_text().count("\n") == 61
 
 
+@pytest.mark.slow
 def test_product_without_ard_has_one_lengthscale(two_feature_csv, tmp_path, capsys):
     out = tmp_path / "m.gpvi"
     rc, _, err = run(capsys, "fit", two_feature_csv, "-t", "y", "-l", "bernoulli", "--kernel", "Matern52 * linear",

@@ -75,6 +75,7 @@ def test_fit_without_likelihood_chooses_softmax_and_says_so(fitted):
     assert fitted.fit.model.likelihood.num_classes == 3
 
 
+@pytest.mark.slow
 def test_predict_writes_a_probability_column_per_class_and_scores(fitted, iris, tmp_path, capsys):
     out = tmp_path / "pred.csv"
     rc, _, err = run(capsys, "predict", fitted.path, iris.test, "--out", out)
@@ -110,6 +111,7 @@ def test_model_file_round_trip_predicts_identical_numbers(fitted, iris, tmp_path
     np.testing.assert_array_equal(np.asarray(loaded.predict_proba(Xs)), from_file)
 
 
+@pytest.mark.slow
 def test_unseen_labels_at_predict_are_named(fitted, iris, tmp_path, capsys):
     """Predictions do not depend on the target column: they are written, and the score line says
     which labels the model does not know instead of scoring."""
@@ -229,6 +231,7 @@ def test_stream_refuses_softmax_and_a_missing_likelihood(iris, capsys):
     assert_bad_input(rc, err, "--stream needs --likelihood")
 
 
+@pytest.mark.slow
 def test_damaged_softmax_model_files_are_refused(fitted, iris, tmp_path, capsys):
     fit, extra = gpvi.io.load(fitted.path, with_extra=True)
     for change, needle in (({"labels": ["setosa", "versicolor"]}, "3 distinct classes"),
@@ -253,6 +256,7 @@ def test_help_describes_the_choice(capsys):
     assert f"at most {AUTO_INTEGER_CLASSES} distinct values" in text
 
 
+@pytest.mark.slow
 def test_same_model_and_vlb_as_the_estimator(fitted, iris):
     """One policy (gpvi.fitting.defaults): the CLI's softmax fit is GPClassifier's on the same rows."""
     from gpvi.sklearn.estimators import GPClassifier

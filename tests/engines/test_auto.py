@@ -39,6 +39,7 @@ def _kinds():
 KINDS = _kinds()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS, ids=[k[0] for k in KINDS])
 def test_auto_picks_a_certified_engine_that_reaches_the_optimum(kind):
     _, model, X, y, opts = kind

@@ -202,6 +202,7 @@ class HandWrittenPoisson(L.Likelihood):
         return y * f - jnp.exp(f) - gammaln(y + 1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
 def test_user_likelihood_with_only_log_prob_works_with_every_engine(rng, engine):
     X = rng.uniform(-2, 2, (300, 1))

@@ -78,6 +78,7 @@ def test_multiscale_matches_eq17_and_is_positive_semidefinite():
     assert np.linalg.eigvalsh(joint).min() > -1e-10
 
 
+@pytest.mark.slow
 def test_multiscale_gram_across_column_blocks_and_extreme_lengthscales():
     # D = 9 spans three blocks of the Gram's one-logarithm-per-block prefactor (the last one
     # partial); lengthscales from 1e-30 to 1e30 in one row must neither overflow nor lose the
@@ -153,6 +154,7 @@ def sparse(var=1.0, ls=ARD, noise=0.05, Z=None):
                          inducing=inducing() if Z is None else Z)
 
 
+@pytest.mark.slow
 def test_whole_data_step_without_subproblem_is_the_titsias_posterior():
     """B = N and γ = 1: the q(u) update is the exact Titsias optimum (gpvi's fpi is exact for
     Gaussian likelihoods) and the VLB is his collapsed bound, written out here."""
@@ -203,6 +205,7 @@ def test_whole_data_subproblem_is_batch_sparse_gpr():
         np.testing.assert_allclose(-np.asarray(g[name]), np.asarray(g_ref[name]), rtol=1e-6, atol=1e-6, err_msg=name)
 
 
+@pytest.mark.slow
 def test_whole_data_subproblem_matches_batch_hyperparameter_learning(monkeypatch):
     """B = N and γ = 1, inducing inputs and inducing lengthscales fixed: iVSGPRada's subproblem,
     solved fully, lands on the hyperparameters that gpvi's batch L-BFGS-B learns for the Titsias

@@ -266,6 +266,7 @@ def test_jj_variants_agree_at_fixed_hyperparameters(problem):
 
 
 # ---- hypergradients ---------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["jj", "taylor"])
 def test_collapsed_bound_gradients_match_finite_differences(problem, rng, kind):
     X, y, model, obj = problem
@@ -284,6 +285,7 @@ def test_collapsed_bound_gradients_match_finite_differences(problem, rng, kind):
         assert abs(fd - g[i]) < 1e-5 * max(1.0, abs(g[i])), (i, fd, g[i])
 
 
+@pytest.mark.slow
 def test_driver_surrogate_is_monotone_and_learns(problem):
     X, y, model, obj = problem
     for engine in ("jj", "jj-hybrid"):

@@ -84,6 +84,7 @@ def test_paper_schedule_is_one_thing_in_sfp_and_ivsgpr(rng):
             np.testing.assert_allclose(V, want_V, rtol=0, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_max_iter_counts_minibatch_steps_in_every_stochastic_engine(rng):
     """``max_iter`` is one thing (issue 30: it counted epochs in sfp/svi and steps in ivsgpr): the
     most minibatch steps, the unit ``iterations`` reports.  Four batches per epoch here, so a
@@ -193,6 +194,7 @@ def test_a_second_learned_fit_reuses_the_compiled_hyperparameter_step(rng):
     assert compiled[0] >= 1 and [f._cache_size() for f in steps] == compiled
 
 
+@pytest.mark.slow
 def test_safeguard_keeps_noisy_poisson_steps_finite():
     """Small minibatches (B = 50, M = 60) of high Poisson counts: pure averaging overshoots within
     one epoch, into overflow (with γ = 1 as its first step) or to a bound 10⁹ times worse than the

@@ -32,6 +32,7 @@ def _models(X):
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gp", "sparse", "glm"])
 def test_bound_is_the_vlb_at_the_optimal_q(rng, kind):
     X, y = _data(rng)
@@ -60,6 +61,7 @@ def test_glm_bound_is_the_linear_regression_evidence(rng):
     assert collapsed.collapsed_bound(model, X, y) == pytest.approx(truth, rel=1e-10)
 
 
+@pytest.mark.slow
 def test_learned_optimum_is_the_exact_gp_optimum(rng):
     """Same optimum as scikit-learn's GaussianProcessRegressor (same kernel family, same start):
     scikit-learn's own evidence at gpvi's θ is at least its value at its own optimum, to 1e-6
@@ -126,6 +128,7 @@ def test_collapsed_bound_refuses_bad_targets_with_one_error():
         collapsed.collapsed_bound(model, X, np.zeros(30), offset=np.zeros(7))
 
 
+@pytest.mark.slow
 def test_sparse_bound_gradient_against_finite_differences_of_a_dense_titsias_bound(rng):
     """The compiled sparse bound (projections L⁻¹K(Z, X) as a product with L⁻¹, whose derivative
     is in closed form) against Titsias' bound written densely in NumPy, log N(y | μ, Q + σ²I) −

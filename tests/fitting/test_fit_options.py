@@ -70,6 +70,7 @@ def test_clip_gamma_always_is_a_no_op_for_log_concave(rng):
     assert always.diagnostics["clipped"] and not auto.diagnostics["clipped"]
 
 
+@pytest.mark.slow
 def test_student_t_clipping_recorded(rng):
     # Student-t is not log-concave: far from the optimum I − S can be indefinite, and then the
     # step uses γ clipped at 0.  Either way the record says what happened.
@@ -93,6 +94,7 @@ def test_init_string_checked(rng):
     assert res.converged
 
 
+@pytest.mark.slow
 def test_public_api_as_documented(rng):
     # The entry points exactly as the README and issue 2 write them: kernel and likelihood
     # positional, everything else by keyword.

@@ -15,6 +15,7 @@ def _poisson(rng, N=600, D=2):
     return X, y
 
 
+@pytest.mark.slow
 def test_fit_stream_from_parquet_matches_batch_fit(rng, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq

@@ -141,6 +141,7 @@ def test_learned_fit_iterations_sum_every_engine_run_of_the_search(rng, monkeypa
     assert res.iterations == sum(runs)
 
 
+@pytest.mark.slow
 def test_search_starts_fpi_in_the_papers_order_once_a_run_has_switched(rng, monkeypatch):
     """Three softmax latents are coupled: fpi takes joint steps until one leaves more than
     ``COUPLED_SLOW_RATIO`` of the gap, then switches to the paper's order (Newton on m, then FP on

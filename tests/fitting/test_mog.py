@@ -76,6 +76,7 @@ def test_bad_components(K):
         fit_mog(GP(kernels.RBF(), L.Gaussian()), np.zeros((3, 1)), np.zeros(3), components=K)
 
 
+@pytest.mark.slow
 def test_fit_posterior_option():
     import gpvi
 
@@ -253,6 +254,7 @@ def test_mog_progress_bar(capsys):
     assert "gpvi mog" in capsys.readouterr().err and fit.iterations > 0
 
 
+@pytest.mark.slow
 def test_mog_predictions_with_an_offset(mog_fits):
     for which in ("one", "several"):
         fit, X, y, _ = mog_fits[which]
@@ -289,6 +291,7 @@ def test_mog_refuses_gaussian_path_options():
     assert 0 < fit.hyperparameter_rounds < fit.iterations
 
 
+@pytest.mark.slow
 def test_damaged_mog_files_are_refused(mog_fits, tmp_path):
     import gpvi
     from gpvi.fitting.codec import fit_result_to_arrays, mog_result_from_arrays, mog_result_to_arrays

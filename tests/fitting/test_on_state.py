@@ -77,6 +77,7 @@ def test_collapsed_bound_rounds_have_no_state_and_can_be_stopped():
     assert stopped.converged and stopped.vlb < fit.vlb
 
 
+@pytest.mark.slow
 def test_engine_owned_search_is_watched_and_stopped():
     seen, hook = _watch()
     model = gpvi.GP(RBF(), L.Bernoulli())

@@ -196,6 +196,7 @@ def test_glm_summary():
     assert float(_field(text, "VLB: ")) == pytest.approx(fit.vlb, rel=1e-9)
 
 
+@pytest.mark.slow
 def test_mog_repr_and_summary():
     X, y = _data(12, seed=6)
     fit = gpvi.fit(GP(kernels.RBF(), L.Bernoulli()), X, (y > 0).astype(float), posterior="mog", components=2,
@@ -210,6 +211,7 @@ def test_mog_repr_and_summary():
     assert fit.jitter == pytest.approx(1e-8)
 
 
+@pytest.mark.slow
 def test_loaded_mog_result_reads_its_jitter(tmp_path):
     X, y = _data(12, seed=6)
     fit = gpvi.fit(GP(kernels.RBF(), L.Bernoulli()), X, (y > 0).astype(float), posterior="mog", components=2)

@@ -83,6 +83,7 @@ def batched_lapack_calls(dump_dir: Path) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_batched_lapack_calls_are_found_in_a_dump(tmp_path):
     """The scan below is not blind: a vmapped Cholesky is found, an unbatched one is not."""
     out = _run("""

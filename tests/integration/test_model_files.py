@@ -97,6 +97,7 @@ def read_csv(path):
     return header, np.array([[float(v) for v in line.split(",")] for line in lines])
 
 
+@pytest.mark.slow
 def test_old_command_line_model_predicts_the_same_file(predictions):
     header, got = read_csv(predictions / "cli_pred.csv")
     stored_header, stored = read_csv(HERE / "cli_bernoulli_predictions.csv")

@@ -397,6 +397,7 @@ def run_block(block: Block, tmp_path: Path):
     return _run(["block", "readme_block.py", install, *npz], tmp_path, where)
 
 
+@pytest.mark.slow
 def test_runner_fails_on_an_error_and_on_what_the_readme_does_not_install(tmp_path):
     """The runner itself, on tiny blocks (no JAX): a block that raises or imports a test-only
     package fails with the README's line number; a good block passes and sees its setup."""

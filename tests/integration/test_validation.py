@@ -339,6 +339,7 @@ def fitted_poisson():
 PREDICT = ["predict_f", "predict_y", "predict_proba"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", PREDICT)
 @pytest.mark.parametrize("cols", [1, D + 1])
 def test_predict_wrong_columns(fitted, method, cols):

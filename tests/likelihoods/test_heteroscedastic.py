@@ -98,6 +98,7 @@ def test_closed_form_agrees_with_monte_carlo_to_three_standard_errors():
     np.testing.assert_allclose(qmc.expected_log_prob(y, m, v), E, rtol=1e-2)
 
 
+@pytest.mark.slow
 def test_predictions_match_their_integrals():
     lik = HeteroscedasticGaussian()
     y, m, v = _marginals(n=7, seed=5)

@@ -551,6 +551,7 @@ def test_logit_moments_are_the_autodiff_derivatives_of_the_quadrature(points):
         np.testing.assert_allclose(np.asarray(a).ravel(), np.asarray(b)[:n], rtol=1e-14, atol=1e-16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in IDS if n != "laplace"])
 def test_variational_moments_match_quadrature_moments(name):
     # At a high order both are converged expectations of log p, ∂_f log p, ∂²_f log p
@@ -609,6 +610,7 @@ def test_exponential_closed_form_moments():
 
 
 # e) ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IDS)
 def test_predictive_log_density_matches_quad(name):
     lik, ys = CASES[name]
@@ -625,6 +627,7 @@ def test_predictive_log_density_matches_quad(name):
     np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", IDS)
 def test_predict_mean_and_var_law_of_total_variance(name):
     lik = CASES[name][0]

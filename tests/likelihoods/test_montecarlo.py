@@ -43,6 +43,7 @@ def test_unbiased_against_quadrature(name, estimator):
     assert np.all(z < 3.0), f"{name}/{estimator}: |bias|/SE = {z}"
 
 
+@pytest.mark.slow
 def test_qmc_unbiased_and_more_accurate():
     lik, y, m, v = Y_M_V["bernoulli"]
     y, m, v = (jnp.asarray(a) for a in (y, m, v))
@@ -56,6 +57,7 @@ def test_qmc_unbiased_and_more_accurate():
     assert np.all(qmc.std(0) < 0.5 * iid.std(0))
 
 
+@pytest.mark.slow
 def test_control_variates_reduce_variance(capsys):
     rows = {}
     for name in sorted(Y_M_V):
@@ -81,6 +83,7 @@ def _gp_problem(n=120, seed=0):
     return X, y
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lik", [L.Bernoulli(), L.Poisson()], ids=["bernoulli", "poisson"])
 def test_large_S_objective_matches_quadrature(lik):
     X, y = _gp_problem()
@@ -98,6 +101,7 @@ def test_large_S_objective_matches_quadrature(lik):
     np.testing.assert_allclose(np.asarray(b.S), np.asarray(a.S), atol=1e-3 * np.abs(np.asarray(a.S)).max())
 
 
+@pytest.mark.slow
 def test_fit_with_mc_reaches_quadrature_optimum():
     X, y = _gp_problem(n=80)
     ref = gpvi.fit(GP(kernels.RBF(), L.Bernoulli()), X, y, engine="fpi")

@@ -17,6 +17,7 @@ def _warp():
     return Warped(L.Gaussian(variance=0.3), a=[1.5, 0.7], b=[0.8, 2.0], c=[0.5, -1.0], quadrature_points=60)
 
 
+@pytest.mark.slow
 def test_density_integrates_to_one_and_is_a_change_of_variables():
     w = _warp()
     ys = np.linspace(-30, 30, 200001)
@@ -30,6 +31,7 @@ def test_density_integrates_to_one_and_is_a_change_of_variables():
     np.testing.assert_allclose(np.asarray(w.unwarp(w.warp(y))), np.asarray(y), atol=1e-12)
 
 
+@pytest.mark.slow
 def test_expectation_matches_quadrature_of_log_prob():
     w = _warp()
     y, m, v = jnp.asarray([-1.0, 0.4, 2.5]), jnp.asarray([0.0, 1.0, -0.5]), jnp.asarray([0.2, 1.0, 0.5])

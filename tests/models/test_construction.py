@@ -73,6 +73,7 @@ def test_positive_parameter_accepted(build, name, shape, good):
     assert float(getattr(obj, name)) == good
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("build, name, shape", POSITIVE, ids=POSITIVE_IDS)
 @pytest.mark.parametrize("bad", ["1.0", True, None, 1 + 2j, [[1.0, 2.0]], np.ones((2, 2)), [], object()],
                          ids=["str", "bool", "None", "complex", "nested", "2d", "empty", "object"])
@@ -226,6 +227,7 @@ def test_ordinal_edges_must_be_finite_and_increasing(bad):
         L.Ordinal(edges=bad)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edges", [[-0.5, 0.5], (-0.5, 0.5)], ids=["list", "tuple"])
 def test_ordinal_fit_with_list_edges(edges):
     # B1: a list or tuple of edges made every fit fail with TracerArrayConversionError.

@@ -30,6 +30,7 @@ def _random_state(Q, d, seed=1):
     return State(jnp.asarray(mean), jnp.asarray(C))
 
 
+@pytest.mark.slow
 def test_softmax_expectation_against_sampling():
     s = Softmax(num_classes=3)
     y = jnp.asarray([0.0, 2.0, 1.0])
@@ -89,6 +90,7 @@ def test_softmax_closed_form_moments_are_the_derivatives_of_its_product_rule(C):
     np.testing.assert_allclose(lik.predictive_log_density(y, m, v), jnp.log(p[jnp.arange(n), y.astype(int)]), rtol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lik", [Softmax(num_classes=3), MonteCarlo(Softmax(num_classes=3), num_samples=256)],
                          ids=["quadrature", "mc"])
 def test_sums_are_the_vlb_gradient_by_finite_differences(lik):
@@ -289,6 +291,7 @@ def test_tied_hyperparameters_across_latents():
         flatten_params(ard, ["latents.*.kernel.lengthscale"])
 
 
+@pytest.mark.slow
 def test_latents_built_from_the_same_objects_share_one_prior_factorisation():
     """A kernel given once for all latents, or tied across them, is factorised once (the caches
     are the same objects); equal values in different objects are factorised again; the shared

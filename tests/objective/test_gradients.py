@@ -316,6 +316,7 @@ def test_envelope_gradient_is_the_profile_gradient_at_the_optimum(case):
         np.testing.assert_allclose(float(env[i]), fd, rtol=1e-4, atol=1e-5, err_msg=f"θ[{i}]")
 
 
+@pytest.mark.slow
 def test_full_gp_search_with_the_envelope_gradient_reaches_the_autodiff_optimum(monkeypatch):
     """The hyperparameter search of a full GP (now on the envelope gradient) ends at the same
     bound as with the whitened autodiff gradient it replaced."""
@@ -345,6 +346,7 @@ def _sparse_cases():
     return [("studentt", t, X, yt), ("bernoulli", b, X, yb)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", range(2), ids=["studentt", "bernoulli"])
 def test_sparse_envelope_is_the_vlb_with_q_fixed_over_the_inducing_values(case):
     """At a random state, far from the optimum: the value of :func:`sparse_envelope` is the VLB of
@@ -381,6 +383,7 @@ def test_sparse_envelope_is_the_vlb_with_q_fixed_over_the_inducing_values(case):
         np.testing.assert_allclose(np.asarray(got[n]), np.asarray(want[n]), rtol=1e-7, atol=1e-9, err_msg=n)
 
 
+@pytest.mark.slow
 def test_sparse_envelope_is_the_whitened_gradient_at_the_optimum():
     """The envelope theorem: at the optimal q, holding q fixed over u or over the whitened w gives
     the same gradient (what lets gpvi.fit use the cheaper one); away from it they differ."""

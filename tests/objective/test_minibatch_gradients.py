@@ -29,6 +29,7 @@ def _plain_sqdist(X1, X2, ls):
     return jnp.sum(d * d, axis=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cls", [K.RBF, K.RationalQuadratic])
 def test_smooth_kernel_derivatives_match_plain_autodiff(rng, cls):
     # inputs far from the origin (the rule centres them) and some rows of X2 equal to rows of X1
@@ -91,6 +92,7 @@ def _sparse_problem(rng, M=12, B=40, lik=None):
     return model, batch, State(jnp.asarray(m), jnp.asarray(C))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lik", [L.Gaussian(variance=0.3), L.StudentT(df=4.0, scale=0.5)])
 def test_minibatch_bound_in_raw_features_matches_the_projected_bound(rng, lik):
     model, batch, state = _sparse_problem(rng, lik=lik)
@@ -113,6 +115,7 @@ def test_minibatch_bound_in_raw_features_matches_the_projected_bound(rng, lik):
         np.testing.assert_allclose(np.asarray(g_raw[n]), np.asarray(g_proj[n]), rtol=1e-6, atol=1e-8 * scale, err_msg=n)
 
 
+@pytest.mark.slow
 def test_sfp_shared_learning_step_matches_the_two_steps(rng):
     """sfp's learning step shares the prior factor, the kernel features and the bound at the
     proposal between its q step and its θ step; it must give what the two separate compiled
@@ -140,6 +143,7 @@ def test_sfp_shared_learning_step_matches_the_two_steps(rng):
         np.testing.assert_allclose(np.asarray(th1[n]), np.asarray(th2[n]), rtol=1e-8, atol=1e-10, err_msg=n)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("M", [40, 330])
 def test_inverse_factor_tangent_matches_the_chain_through_cholesky(rng, M):
     """``models.base.inverse_factor``'s closed-form tangent, at a size where its triangular
@@ -177,6 +181,7 @@ def test_inverse_factor_tangent_matches_the_chain_through_cholesky(rng, M):
         assert np.all(np.triu(np.asarray(t1), 1) == 0.0)  # L⁻¹ stays lower triangular
 
 
+@pytest.mark.slow
 def test_sparse_gp_inverse_factor_derivative_matches_the_chain_through_cholesky(rng):
     """``SparseGP.caches`` gives ``L⁻¹`` a closed-form derivative in K(Z, Z); against JAX's own
     derivative of the Cholesky factor and the triangular inverse, on near-paired inducing

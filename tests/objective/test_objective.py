@@ -159,6 +159,7 @@ def _check_dense_poisson_sums(sums, kernel, X, y, m, C, mean):
     return lam, vi
 
 
+@pytest.mark.slow
 def test_full_gp_training_projection_matches_dense_numpy(rng):
     # A full GP's cached projections of its own training rows are gathered from Lᵀ
     # (GP.training_projection), chunks padded with copies of row 0; against the dense
@@ -181,6 +182,7 @@ def test_full_gp_training_projection_matches_dense_numpy(rng):
     _same_sums(rec.sums(gpvi.State(m, C)), sums)
 
 
+@pytest.mark.slow
 def test_trimmed_triangular_blocks_give_the_dense_products(rng):
     # Row blocks of an upper-triangular At cut to their trailing columns (trim_triangular): every
     # block helper gives what it gives on the untrimmed blocks, against NumPy on the dense At
@@ -215,6 +217,7 @@ def test_trimmed_triangular_blocks_give_the_dense_products(rng):
         np.testing.assert_allclose(np.asarray(vi), c + np.einsum("ji,jk,ki->i", At, C @ C.T, At), rtol=1e-11)
 
 
+@pytest.mark.slow
 def test_full_gp_in_one_chunk_keeps_trimmed_blocks_with_the_dense_sums(rng):
     # One chunk of a full GP, three row blocks: the objective keeps them trimmed (the zeros of
     # Lᵀ before each block's first row are not stored), and its sums are the dense NumPy ones.
@@ -243,6 +246,7 @@ def test_full_gp_in_one_chunk_keeps_trimmed_blocks_with_the_dense_sums(rng):
         np.testing.assert_allclose(np.asarray(a.state.mean), np.asarray(b.state.mean), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_multilatent_full_gp_training_projection_matches_recomputed(rng):
     # the same gather for two full-GP latents (one kernel each), against the solve per chunk
     from gpvi.models.multilatent import MultiLatent
@@ -334,6 +338,7 @@ def test_objective_options_are_set_when_built_and_checked(rng):
     assert gpvi.Objective(model, X, y, newton_rtol=1e-6).newton_rtol == 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d, rows", [(7, 300), (23, 5), (24, 8)])
 def test_inverse_precision_operator_by_row_blocks_matches_dense_algebra(d, rows):
     # H_q⁻¹ r_q = J RH_q⁻ᵀ RH_q⁻¹ J r_q for lower-triangular RH_q⁻¹, here from dense NumPy
@@ -351,6 +356,7 @@ def test_inverse_precision_operator_by_row_blocks_matches_dense_algebra(d, rows)
         np.testing.assert_allclose(got[q], want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d, n, leaf", [(7, 5, 256), (9, 4, 2), (301, 40, 64)])
 def test_products_with_one_lower_triangular_factor_match_numpy(d, n, leaf):
     """lower_left_matmul (L @ B) and lower_right_matmul (B @ L) against NumPy's dense products
@@ -367,6 +373,7 @@ def test_products_with_one_lower_triangular_factor_match_numpy(d, n, leaf):
                                rtol=0, atol=1e-12 * np.abs(want).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("d, leaf", [(7, 256), (9, 2), (600, 256), (301, 64)])
 def test_lower_triangular_products_match_numpy(d, leaf):
     """lower_matmul and lower_gram against NumPy's dense products, on one and on stacked factors

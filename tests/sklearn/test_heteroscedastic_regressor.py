@@ -55,6 +55,7 @@ def test_the_default_hyperprior_targets_the_log_noise_latent(fits):
     assert "log_prior" in het.fit_result_.extras
 
 
+@pytest.mark.slow
 def test_return_cov_and_sample_y_agree_with_return_std(fits):
     het, _ = fits
     Xt = np.linspace(0.2, 3.8, 7)[:, None]

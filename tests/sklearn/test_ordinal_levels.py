@@ -38,6 +38,7 @@ def _assert_rises(ev, level):
     assert by_level[0] < 0.5 < by_level[1] < 1.5 < by_level[2], by_level
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrap", ["Categorical", "Series"])
 def test_ordered_categorical_gives_the_level_order(wrap):
     X, level, labels = _data()
@@ -52,6 +53,7 @@ def test_ordered_categorical_gives_the_level_order(wrap):
     np.testing.assert_allclose(est.predict_proba(X), ref.predict_proba(X), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_levels_order_plain_strings_and_learned_fit():
     X, level, labels = _data()
     for y in (labels, labels.astype(object), pd.Series(labels)):
@@ -146,6 +148,7 @@ def test_levels_absent_from_y_keep_their_place():
         GPOrdinalRegressor(levels=levels, **FIXED).fit(X, np.full(len(X), "mid"))
 
 
+@pytest.mark.slow
 def test_partial_fit_follows_a_non_alphabetical_order():
     X, level, labels = _data(60)
     est = GPOrdinalRegressor(levels=ORDER, inducing=12, **FIXED)

@@ -67,6 +67,7 @@ def test_multiclass_first_batch_missing_a_class():
     assert est.fit_result_.extras["rows_seen"] == 180
 
 
+@pytest.mark.slow
 def test_block_update_is_the_single_latent_update():
     """The latent-block path of ``update`` (an Objective's unscaled batch sums, then the
     assumed-density step in each block) on a one-latent model gives the minibatch path's
