@@ -259,8 +259,8 @@ def _blocks_of_sums_and_factors(rng, Q, d):
 @pytest.mark.parametrize("Q", [None, 3])
 @pytest.mark.parametrize("alpha,update_mean,update_cov", [(1.0, True, True), (0.3, True, False), (1.0, False, True)])
 def test_target_and_step_proposes_the_undamped_step_of_dense_algebra(rng, Q, alpha, update_mean, update_cov):
-    # target_and_step's proposal (its own copy of the step without the damped branch, which
-    # natural_step keeps) against the same oracle as above, for one block and Q stacked blocks,
+    # target_and_step's proposal (natural_step's undamped branch, without the damped one)
+    # against the same oracle as above, for one block and Q stacked blocks,
     # with the gap against estimated_gap.
     import jax.numpy as jnp
     from gpvi.engines._common import estimated_gap, target_and_step
@@ -310,6 +310,58 @@ def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha
         np.testing.assert_allclose(new @ new.T, want_V, rtol=1e-11, atol=1e-12)
         assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)
 
+
+
+@pytest.mark.slow
+def test_damped_covariance_steps_of_coupled_latents_share_the_joint_steps_program(monkeypatch):
+    """A softmax fit that damps covariance-only steps (no joint direction at hand) and joint
+    steps calls ``natural_step`` with one argument structure, so XLA compiles it once (it
+    compiled twice on iris before: 8 programs in the first fit, now 7, the same bound); and the
+    covariance-only step taken through that program is the dense algebra's
+    ``V' = ((1−α)V⁻¹ + αH)⁻¹`` with the mean unchanged."""
+    import jax
+    import jax.numpy as jnp
+    from sklearn.datasets import load_iris
+    from gpvi.engines import _common
+    from gpvi.engines._common import SafeguardedAscent, precision_chol
+
+    calls = []
+    real = _common.natural_step
+
+    def recorded(*args):
+        calls.append((jax.tree_util.tree_structure(args[:3] + args[6:]), args[3] < 1.0, args[4], args[5]))
+        return real(*args)
+
+    monkeypatch.setattr(_common, "natural_step", recorded)
+    X, y = load_iris(return_X_y=True)
+    gpvi.GPClassifier().fit(X, y)
+    kinds = {(damped, bool(mean), bool(cov)) for _, damped, mean, cov in calls}
+    assert {(True, False, True), (True, True, True)} <= kinds, kinds  # both kinds of damped step
+    assert len({c[0] for c in calls}) == 1, {c[0] for c in calls}
+
+    # the covariance-only step as SafeguardedAscent._try takes it, against dense algebra
+    rng = np.random.default_rng(5)
+    Q, d, alpha = 3, 6, 0.3
+    S, chols = _blocks_of_sums_and_factors(rng, Q, d)
+    state = gpvi.State(jnp.asarray(rng.standard_normal((Q, d))), jnp.asarray(chols))
+
+    class Coupled:
+        coupled = True
+
+        def sums(self, st):
+            return type("Sums", (), {"vlb": 0.0})()
+
+    guard = SafeguardedAscent(objective=Coupled())
+    guard.direction = guard.inverse = None
+    RH = precision_chol(jnp.asarray(S))
+    grad = type("Sums", (), {"grad": jnp.asarray(rng.standard_normal((Q, d))), "vlb": -1.0})()
+    out = guard._try(state, grad, RH, alpha, False, True)[0]
+    np.testing.assert_array_equal(np.asarray(out.mean), np.asarray(state.mean))
+    for q in range(Q):
+        H, V = np.eye(d) - S[q], chols[q] @ chols[q].T
+        new = np.asarray(out.chol[q])
+        np.testing.assert_allclose(new @ new.T, np.linalg.inv((1 - alpha) * np.linalg.inv(V) + alpha * H),
+                                   rtol=1e-11, atol=1e-12)
 
 def test_two_cycle_is_detected_counted_and_halves_the_step():
     # The fixed-point map's iterate returning to where it was two steps ago while still
