@@ -311,7 +311,6 @@ def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha
         assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)
 
 
-
 @pytest.mark.slow
 def test_damped_covariance_steps_of_coupled_latents_share_the_joint_steps_program(monkeypatch):
     """A softmax fit that damps covariance-only steps (no joint direction at hand) and joint
@@ -362,6 +361,7 @@ def test_damped_covariance_steps_of_coupled_latents_share_the_joint_steps_progra
         new = np.asarray(out.chol[q])
         np.testing.assert_allclose(new @ new.T, np.linalg.inv((1 - alpha) * np.linalg.inv(V) + alpha * H),
                                    rtol=1e-11, atol=1e-12)
+
 
 def test_two_cycle_is_detected_counted_and_halves_the_step():
     # The fixed-point map's iterate returning to where it was two steps ago while still
