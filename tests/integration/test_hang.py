@@ -22,6 +22,7 @@ import pytest
 
 import gpvi
 from gpvi import _watchdog
+from userenv import user_environment
 
 _SRC = str(Path(gpvi.__file__).resolve().parents[1])
 
@@ -34,10 +35,10 @@ _FOREGROUND = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_ha
 
 
 def _run(script: str, timeout: float, env: dict | None = None, cwd=None):
-    # the user's XLA flags, not the suite's faster-compiling ones (tests/conftest.py): the hang was
-    # met, and its cure is checked, with XLA's defaults
-    user_flags = {"XLA_FLAGS": os.environ.get("GPVI_TEST_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))}
-    full_env = {**os.environ, **user_flags, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _SRC, **(env or {})}
+    # the user's XLA flags and threading, not the suite's faster-compiling flags and per-worker
+    # thread limits (tests/conftest.py): the hang was met, and its cure is checked, with XLA's
+    # defaults and its thread pool on every core
+    full_env = user_environment(JAX_PLATFORMS="cpu", PYTHONPATH=_SRC, **(env or {}))
     return subprocess.run([sys.executable, "-c", _FOREGROUND + textwrap.dedent(script)], capture_output=True,
                           text=True, timeout=timeout, env=full_env, cwd=cwd)
 

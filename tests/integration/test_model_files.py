@@ -13,13 +13,13 @@ and, in the command line's file, 4e-12 relative on a latent mean of 82 (2026-11-
 far below what a changed meaning of a file would do (a jitter, a kernel parameter or a
 likelihood setting read differently moves predictions by 1e-8 or more).
 """
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from userenv import user_environment
 
 
 HERE = Path(__file__).resolve().parents[1] / "fixtures" / "models"
@@ -62,9 +62,10 @@ sys.exit(code)
 
 @pytest.fixture(scope="module")
 def predictions(tmp_path_factory):
-    """Every fixture's predictions, made by today's gpvi in a child process with the user's XLA flags."""
+    """Every fixture's predictions, made by today's gpvi in a child process with the user's XLA
+    flags and threading."""
     out = tmp_path_factory.mktemp("predictions")
-    env = {**os.environ, "XLA_FLAGS": os.environ.get("GPVI_TEST_USER_XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))}
+    env = user_environment()
     run = subprocess.run([sys.executable, "-c", _PREDICT, str(HERE), str(out)], capture_output=True, text=True,
                          timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
