@@ -172,7 +172,6 @@ def test_bad_input(tmp_path, rng):
     assert isinstance(resolve_executor("local"), gpvi.data.executors.InProcess)
 
 
-@pytest.mark.slow
 def test_import_does_not_import_dask():
     code = "import gpvi, sys; bad = [m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')]; " \
            "assert not bad, bad"

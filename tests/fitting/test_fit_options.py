@@ -94,7 +94,6 @@ def test_init_string_checked(rng):
     assert res.converged
 
 
-@pytest.mark.slow
 def test_public_api_as_documented(rng):
     # The entry points exactly as the README and issue 2 write them: kernel and likelihood
     # positional, everything else by keyword.
