@@ -40,7 +40,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # variables a user set are kept; GPVI_TEST_SET_THREAD_VARS lists those set here, so that the
 # hang tests can run their processes with the user's own threading (tests/integration).
 _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-_threads = max(1, len(os.sched_getaffinity(0)) // _workers) if hasattr(os, "sched_getaffinity") else 1
+_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_threads = max(1, _cores // _workers)
 if _workers > 1:
     _set = [v for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS") if v not in os.environ]
     os.environ.update({v: str(_threads) for v in _set})
