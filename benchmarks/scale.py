@@ -276,7 +276,7 @@ def large_child(kind, args):
             from distributed import Client, LocalCluster
 
             t = time.perf_counter()
-            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+            cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                    silence_logs=40)
             client = Client(cluster)
             out["cluster_start_seconds"] = time.perf_counter() - t

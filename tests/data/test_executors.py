@@ -182,8 +182,10 @@ def test_import_does_not_import_dask():
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
+    # dashboard_address=None still serves the scheduler's HTTP routes on port 8787; ":0" takes a free
+    # port, so that clusters of two xdist workers at once do not warn "Port 8787 is already in use"
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=40)
+                                       dashboard_address=":0", silence_logs=40)
     c = distributed.Client(cluster)
     yield c
     c.close()
@@ -264,7 +266,7 @@ def test_a_closed_dask_client_is_named_in_one_error(rng):
     message") from inside the first pass."""
     distributed = pytest.importorskip("distributed")
     cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                                       dashboard_address=None, silence_logs=40)
+                                       dashboard_address=":0", silence_logs=40)
     c = distributed.Client(cluster)
     c.close()
     cluster.close()
