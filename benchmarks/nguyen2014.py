@@ -131,9 +131,8 @@ def warped(name, split, n_train, rounds):
         sec = time.perf_counter() - t
         pred = est.predict(Xt)
         fr = est.fit_result_
-        m, v = fr.predict_f((Xt - est.x_mean_) / est.x_scale_)
-        lp = np.asarray(fr.model.likelihood.predictive_log_density(
-            jnp.asarray((yt - est.y_mean_) / est.y_scale_), jnp.asarray(m), jnp.asarray(v))) - np.log(est.y_scale_)
+        lp = fr.log_predictive_density((Xt - est.x_mean_) / est.x_scale_, (yt - est.y_mean_) / est.y_scale_) \
+            - np.log(est.y_scale_)
         out["WGP" if noise == "warped" else "GPR"] = dict(
             sse=float(np.mean((pred - yt) ** 2) / np.var(yt)), nlpd=float(-np.mean(lp)), seconds=sec)
     print(f"  {name}: " + ", ".join(f"{n} SSE {r['sse']:.3f} NLPD {r['nlpd']:.3f} ({r['seconds']:.0f} s)"

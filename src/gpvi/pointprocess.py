@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numbers
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -67,8 +68,10 @@ def bin_events(times, *, start=None, stop=None, num_bins: int | None = None, bin
     return 0.5 * (edges[:-1] + edges[1:]), counts, np.diff(edges)
 
 
+@jax.jit
 def intensity_moments(m, v):
-    """Mean and variance of the intensity ``λ = e^f`` for ``f ~ N(m, v)`` (lognormal)."""
+    """Mean and variance of the intensity ``λ = e^f`` for ``f ~ N(m, v)`` (lognormal), as JAX
+    arrays of the shape of ``m`` and ``v`` (one compiled program per shape)."""
     m, v = jnp.asarray(m), jnp.asarray(v)
     mean = jnp.exp(m + 0.5 * v)
     return mean, jnp.expm1(v) * mean**2

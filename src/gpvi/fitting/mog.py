@@ -47,7 +47,7 @@ import numpy as np
 import scipy.optimize
 from jax.scipy.linalg import cho_solve, solve_triangular  # noqa: F401
 
-from gpvi._module import flatten_params, unflatten_params
+from gpvi._module import flatten_params, ravel_params, unflatten_params
 from gpvi._watchdog import paused
 from gpvi.fitting.lbfgs import stop_message
 from gpvi.fitting.posterior import FitResult, effective_jitter
@@ -113,17 +113,43 @@ def latent_gps(model) -> list:
 
 def _rows(a):
     """(K, Q, n) → what a likelihood takes: (K, n) for one latent, (K, n, Q) for several."""
-    return a[:, 0] if a.shape[1] == 1 else jnp.swapaxes(a, 1, 2)
+    return a[:, 0] if a.shape[1] == 1 else a.swapaxes(1, 2)  # (a JAX or a NumPy array)
 
 
 def _prior_factors(model, X):
-    """Per latent: ``(L, diag K⁻¹, log det K)`` of its prior covariance on the training inputs."""
+    """Per latent: ``(L, diag K⁻¹, log det K, j·s)`` of its prior covariance on the training
+    inputs, ``j·s`` the nugget its factorisation added."""
     out = []
     for lat in latent_gps(model):  # a loop over the Q latent functions
-        L, _ = cholesky(lat.kernel(X, X), lat.jitter)
+        L, nugget = cholesky(lat.kernel(X, X), lat.jitter)
         Linv = solve_triangular(L, jnp.eye(X.shape[0], dtype=L.dtype), lower=True)
-        out.append((L, jnp.sum(Linv**2, axis=0), 2.0 * jnp.sum(jnp.log(jnp.diag(L)))))
+        out.append((L, jnp.sum(Linv**2, axis=0), 2.0 * jnp.sum(jnp.log(jnp.diag(L))), nugget))
     return out
+
+
+@jax.jit
+def _prior_terms(model, X):
+    """What a fit needs of the prior on the training inputs ``X``, as one compiled program (a
+    fresh process otherwise traces, lowers and loads a small program for every eager operation of
+    the kernels and factorisations): :func:`_prior_factors` and the prior variances
+    ``diag K(X, X)``, (Q, N)."""
+    return _prior_factors(model, X), jnp.stack([lat.kernel.diag(X) for lat in latent_gps(model)])
+
+
+@jax.jit
+def _conditional(model, Xt, Xs, means, variances):
+    """Each component's GP conditional at ``Xs`` from its marginals ``means``, ``variances`` (K,
+    Q, N) at the training inputs ``Xt``: two (K, Q, n) arrays (one compiled program per shape of
+    ``Xs``)."""
+    ms, vs = [], []
+    for q, lat in enumerate(latent_gps(model)):  # a loop over the Q latent functions
+        L, _ = cholesky(lat.kernel(Xt, Xt), lat.jitter)
+        Ks = lat.kernel(Xt, Xs)
+        A = cho_solve((L, True), Ks)  # K⁻¹ k_*, (N, n)
+        ms.append(lat.mean + (means[:, q] - lat.mean) @ A)
+        v0 = lat.kernel.diag(Xs) - jnp.sum(Ks * A, 0)
+        vs.append(v0[None] + variances[:, q] @ (A**2))
+    return jnp.stack(ms, axis=1), jnp.stack(vs, axis=1)
 
 
 def _bound(u, logvar, model, X, y, K, factors=None):
@@ -138,7 +164,7 @@ def _bound(u, logvar, model, X, y, K, factors=None):
     means, cross = [], 0.0
     if factors is None:
         factors = _prior_factors(model, X)
-    for q, (lat, (L, kinv_diag, logdet)) in enumerate(zip(latent_gps(model), factors)):
+    for q, (lat, (L, kinv_diag, logdet, _)) in enumerate(zip(latent_gps(model), factors)):
         means.append(lat.mean + u[:, q] @ L.T)
         cross = cross - 0.5 * (N * _LOG2PI + logdet + jnp.sum(u[:, q] ** 2) / K + jnp.sum(s[:, q] @ kinv_diag) / K)
     means = jnp.stack(means, axis=1)
@@ -148,6 +174,24 @@ def _bound(u, logvar, model, X, y, K, factors=None):
     else:
         ent = entropy_lower_bound(means.reshape(K, -1), s.reshape(K, -1))
     return ell + cross + ent, means
+
+
+def _negative_bound(x, model, X, y, factors, *, K, names):
+    """``−L`` at the flat vector ``x`` of :func:`fit_mog`: whitened means and log variances (K, Q,
+    N) each, then the unconstrained values of the parameters ``names`` of ``model`` (their
+    starting values in ``model`` give only the layout)."""
+    Q, N = len(latent_gps(model)), X.shape[0]
+    nv = 2 * K * Q * N
+    mdl = model
+    if names:
+        unravel = jax.flatten_util.ravel_pytree(flatten_params(model, list(names)))[1]
+        mdl = unflatten_params(model, unravel(x[nv:]))
+    return -_bound(x[:nv // 2].reshape(K, Q, N), x[nv // 2:nv].reshape(K, Q, N), mdl, X, y, K, factors)[0]
+
+
+# one compiled program per model structure, shapes, K and learned names, shared by the fits
+# (a function made inside each fit was lowered again in every fit)
+_negative_bound_and_grad = jax.jit(jax.value_and_grad(_negative_bound), static_argnames=("K", "names"))
 
 
 @dataclasses.dataclass(kw_only=True, repr=False)  # FitResult's short repr, not the arrays
@@ -196,21 +240,11 @@ class MoGResult(FitResult):
         """Each component's latent means and variances at ``X`` (the GP conditional of each
         component, plus ``offset``): two (K, n) arrays, or (K, n, Q) with Q latent functions."""
         X, offset = self._X(X, offset)
-        Xt = jnp.asarray(self.X)
-        Xs = jnp.asarray(X)
-        N = Xt.shape[0]
-        means = np.asarray(self.means).reshape(self.components, -1, N)
-        variances = np.asarray(self.variances).reshape(means.shape)
-        ms, vs = [], []
-        for q, lat in enumerate(latent_gps(self.model)):  # a loop over the Q latent functions
-            L, _ = cholesky(lat.kernel(Xt, Xt), lat.jitter)
-            Ks = lat.kernel(Xt, Xs)
-            A = cho_solve((L, True), Ks)  # K⁻¹ k_*, (N, n)
-            ms.append(lat.mean + (jnp.asarray(means[:, q]) - lat.mean) @ A)
-            v0 = lat.kernel.diag(Xs) - jnp.sum(Ks * A, 0)
-            vs.append(v0[None] + jnp.asarray(variances[:, q]) @ (A**2))
-        m, v = jnp.stack(ms, axis=1), jnp.stack(vs, axis=1)
-        m, v = np.asarray(_rows(m)), np.maximum(np.asarray(_rows(v)), 1e-300)
+        N = np.shape(self.X)[0]
+        means = np.asarray(self.means, np.float64).reshape(self.components, -1, N)
+        variances = np.asarray(self.variances, np.float64).reshape(means.shape)
+        m, v = (np.asarray(a) for a in _conditional(self.model, jnp.asarray(self.X), jnp.asarray(X), means, variances))
+        m, v = _rows(m), np.maximum(_rows(v), 1e-300)
         if offset is not None:  # added to every latent, as for a Gaussian posterior
             m = m + (offset if m.ndim == 2 else offset[:, None])
         return m, v
@@ -293,29 +327,22 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
     elif learn_hyperparameters:
         names = list(learn_hyperparameters)
     theta0 = flatten_params(model, names)
-    flat_theta, unravel = jax.flatten_util.ravel_pytree(theta0) if names else (jnp.zeros(0), None)
-    kdiag = np.stack([np.asarray(lat.kernel.diag(Xj)) for lat in lats])  # (Q, N)
+    flat_theta, unravel_host = ravel_params(theta0)  # (the order of jax.flatten_util.ravel_pytree, in NumPy)
+    # the prior at the starting hyperparameters: its variances set the components' starting
+    # variances; at fixed hyperparameters its factors are constants of every evaluation
+    factors, kdiag = _prior_terms(model, Xj)
+    kdiag = np.asarray(kdiag)  # (Q, N)
     rng = np.random.default_rng(seed)
     u0 = init_spread * rng.standard_normal((K, Q, N))
     lv0 = np.log(0.5 * kdiag)[None].repeat(K, 0)
     x0 = np.concatenate([u0.ravel(), lv0.ravel(), np.asarray(flat_theta)])
     nv = 2 * K * Q * N
 
-    def split(x):
-        mdl = unflatten_params(model, unravel(x[nv:])) if names else model
-        return x[:nv // 2].reshape(K, Q, N), x[nv // 2:nv].reshape(K, Q, N), mdl
-
-    # at fixed hyperparameters the prior factors are constants: factorise once, not per evaluation
-    factors = None if names else _prior_factors(model, Xj)
-
-    def neg(x, factors):
-        u, logvar, mdl = split(x)
-        return -_bound(u, logvar, mdl, Xj, y, K, factors)[0]
-
-    vg_ = jax.jit(jax.value_and_grad(neg))
+    if names:
+        factors = None  # (recomputed in every evaluation, at its hyperparameters)
 
     def vg(x):
-        return vg_(x, factors)
+        return _negative_bound_and_grad(x, model, Xj, y, factors, K=K, names=tuple(names))
     t0 = time.perf_counter()
     rows: list[tuple[float, float]] = []  # the trace: (seconds since t0, VLB)
     evaluations = [0]
@@ -360,15 +387,24 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
     finally:
         if show is not None:
             show.close()
-    u, logvar, final = split(jnp.asarray(res.x))
-    means = np.asarray(_bound(u, logvar, final, Xj, y, K, factors)[1])
+    xf = np.asarray(res.x)
+    u, logvar = xf[:nv // 2].reshape(K, Q, N), xf[nv // 2:nv].reshape(K, Q, N)
+    final = unflatten_params(model, unravel_host(xf[nv:])) if names else model
+    # the components' means m_kq = μ_q + L_q u_kq, on the host from the final prior factors
+    final_factors, _ = _prior_terms(final, Xj)
+    Ls, nuggets = [np.asarray(f[0]) for f in final_factors], [float(f[3]) for f in final_factors]
+    means = np.stack([lat.mean + u[:, q] @ L.T for q, (lat, L) in enumerate(zip(latent_gps(final), Ls))], axis=1)
     variances = np.exp(np.asarray(logvar))
+    # the relative jitter of each factorisation from its factor and nugget (GP.relative_jitter's
+    # host path), instead of factorising K(X, X) once more
+    caches = [(X, L, nug) for L, nug in zip(Ls, nuggets)]
+    jitter = final.relative_jitter(caches[0] if isinstance(final, GP) else tuple(caches))
     if Q == 1:  # one latent: (K, N), as before
         means, variances = means[:, 0], variances[:, 0]
     vlb = -float(res.fun)
     search = stop_message(res, max_iter, "max_iter") if names else "no hyperparameters learned"
     return MoGResult(model=final, state=None, vlb=vlb, iterations=len(rows) - 1,
-                     search_message=search, jitter=effective_jitter(final, None, X), learned=tuple(names),
+                     search_message=search, jitter=jitter, learned=tuple(names),
                      converged=bool(res.success and np.isfinite(vlb)), message=str(res.message),
                      trace=np.asarray(rows, dtype=np.float64).reshape(-1, 2), engine="mog",
                      evaluations=evaluations[0], hyperparameter_rounds=int(res.nit) if names else 0,
