@@ -30,14 +30,13 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 
 from gpvi._compile import bucket
-from gpvi._module import flatten_params, unflatten_params
+from gpvi._module import flatten_params, ravel_params, ravel_values, unflatten_params
 from gpvi.likelihoods import Gaussian
 from gpvi.engines import Progress
 from gpvi.fitting.lbfgs import memory, stop_message
@@ -134,8 +133,9 @@ def _padded_data(model, X, y, offset, chunk_size):
         pad = bucket(N) - N
         rows = lambda a: np.concatenate([a, np.repeat(a[:1], pad, axis=0)]) if pad else a  # noqa: E731
         off = np.zeros(N) if offset is None else np.asarray(offset, np.float64)
-        return (jnp.asarray(rows(np.asarray(X, np.float64))), jnp.asarray(rows(np.asarray(y, np.float64))),
-                jnp.asarray(rows(off)), jnp.asarray(np.concatenate([np.ones(N), np.zeros(pad)])))
+        # (device_put: jnp.asarray would stage each host array through a compiled program)
+        return jax.device_put((rows(np.asarray(X, np.float64)), rows(np.asarray(y, np.float64)), rows(off),
+                               np.concatenate([np.ones(N), np.zeros(pad)])))
     return make_chunks(X, y, offset, chunk_size, bucketed=True)
 
 
@@ -171,7 +171,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     search ends there when it returns True.
     """
     theta0 = flatten_params(model, names)
-    flat0, unravel = jax.flatten_util.ravel_pytree(theta0)
+    flat0, unravel = ravel_params(theta0)  # NumPy: no eager JAX programs for a few numbers
     log_prior = log_prior if log_prior is not None else LogPrior(model, names, {})
     data = _padded_data(model, X, y, offset, chunk_size)
     best = [np.inf, None]
@@ -180,9 +180,9 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
 
     def fun(x):
         evaluations[0] += 1
-        theta = unravel(jnp.asarray(x))
+        theta = unravel(x)
         val, g = _value_and_grad(theta, model, data)
-        g = np.asarray(jax.flatten_util.ravel_pytree(g)[0])
+        g = ravel_values(g)
         val, g, _ = log_prior.penalise(theta, val, g)  # maximise bound + log p(θ)
         if not np.isfinite(val) or not np.all(np.isfinite(g)):
             return np.inf, np.zeros_like(x)  # the line search backs off
@@ -191,7 +191,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
         return val, g
 
     def bound(x, f):  # the bound alone, without log p(θ)
-        return -f - log_prior.value(unravel(jnp.asarray(x)))
+        return -f - log_prior.value(unravel(x))
 
     def record(intermediate_result):  # scipy passes the OptimizeResult only under this name
         rows.append((time.perf_counter() - t0, bound(intermediate_result.x, float(intermediate_result.fun))))
@@ -199,7 +199,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
         if callback is not None:
             with paused():
                 callback(k, rows[-1][1], rows[-1][0])
-        if on_round is not None and on_round(unflatten_params(model, unravel(jnp.asarray(intermediate_result.x))),
+        if on_round is not None and on_round(unflatten_params(model, unravel(intermediate_result.x)),
                                              Progress(k, rows[-1][1], rows[-1][0], round=k)):
             raise StopIteration  # (SciPy ends the search with the point of this round)
 
@@ -211,6 +211,6 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
     rows.append((time.perf_counter() - t0, bound(x0, f0)))
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9, maxcor=memory(x0.size)))
-    learned = unflatten_params(model, unravel(jnp.asarray(best[1])))
+    learned = unflatten_params(model, unravel(best[1]))
     return (learned, int(out.nit), np.asarray(rows, np.float64).reshape(-1, 2), evaluations[0],
             stop_message(out, max_rounds))
