@@ -131,8 +131,17 @@ def _chol_precision(S):
     return jnp.linalg.cholesky(0.5 * (H + H.T))
 
 
+@jax.jit
 def _psi(lp, w):
     return lp - 0.5 * w @ w
+
+
+@jax.jit
+def _state_at(w, S):
+    """``(N(w, H⁻¹), chol H)`` for ``H = I − S`` as one compiled program (NaNs where H is not
+    positive definite); eagerly these were about a dozen small programs per problem size."""
+    R = _chol_precision(S)
+    return state_from_precision_chol(w, R), R
 
 
 # ---- one safeguarded Newton iteration (shared by the engine and the jitted mode finder) ---
@@ -249,14 +258,14 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         """``(N(w_, H⁻¹), chol H, which h)``: the exact ``h_i`` unless that H is not
         positive definite (then the clipped one)."""
         if int(sums[3]) > 0:  # some h_i > 0 were clipped in ``sums``: try the exact Hessian
-            R = _chol_precision(derivative_sums(w_, clip=False)[2])
+            st, R = _state_at(w_, derivative_sums(w_, clip=False)[2])
             if is_finite(R):
-                return state_from_precision_chol(w_, R), R, "exact"
+                return st, R, "exact"
             kind = "clipped"
         else:
             kind = "exact"
-        R = _chol_precision(sums[2])
-        return state_from_precision_chol(w_, R), R, kind
+        st, R = _state_at(w_, sums[2])
+        return st, R, kind
 
     sums = derivative_sums(w)
     # A likelihood with h = 0 at every point (piecewise linear log p) has no Laplace
@@ -309,7 +318,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, max_iter: int 
         current = (st, R, kind, float(objective.vlb(st)))
         clock.tick(current[3], 0, st)
     state, R, hessian, vlb = current
-    log_marginal = psi - float(jnp.sum(jnp.log(jnp.diag(R))))
+    log_marginal = psi - float(np.sum(np.log(np.diag(np.asarray(R)))))
     return EngineResult(state, vlb, it, converged, message, clock.trace, backtracks, 0,
                         objective.num_evaluations, clipped,
                         {"log_marginal": log_marginal, "newton_iterations": it, "psi": psi,
