@@ -420,7 +420,7 @@ class _Layout:
     def _full(self, v):
         out = np.zeros(self.mask.size)
         out[self.mask] = v
-        return jnp.asarray(out.reshape(self.shape))
+        return jax.device_put(out.reshape(self.shape))  # (jnp.asarray would stage it through a program)
 
     def expand(self, x):
         """Full ``(α, γ)`` arrays, each (C, n), zero on padded rows."""

@@ -77,7 +77,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     memo: dict = {}
 
     def fun(x):
-        s = _unpack(d, jnp.asarray(x))
+        s = _unpack(d, jax.device_put(np.asarray(x, np.float64)))  # (no staging program per call shape)
         sums = objective.sums(s)
         v = float(sums.vlb)
         if not np.isfinite(v):
@@ -157,7 +157,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             msg = f"reached max_iter={max_iter}; estimated gap {cur['gap']:.3g} nats{_TRY_FPI}"
         else:
             msg = f"L-BFGS-B stopped ({res.message}) with estimated gap {cur['gap']:.3g} nats > {cur['thr']:.3g}{_TRY_FPI}"
-    final = _unpack(d, jnp.asarray(x))
+    final = _unpack(d, jax.device_put(np.asarray(x, np.float64)))
     # Columns may have flipped sign; V = C Cᵀ is unchanged by making the diagonal positive.
     chol = np.asarray(final.chol)
     diag = np.diagonal(chol, axis1=-2, axis2=-1)

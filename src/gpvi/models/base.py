@@ -355,13 +355,13 @@ class SparseGP(Model):
             if M > X.shape[0]:
                 raise ValueError(f"inducing: M = {M} inducing inputs but only N = {X.shape[0]} data rows (need M ≤ N)")
             Z = _kmeans(X, M, seed)
-            return self.replace(inducing=jnp.asarray(Z))
+            return self.replace(inducing=jax.device_put(np.asarray(Z, np.float64)))  # (no staging program)
         Z = check_X(Z, "inducing")
         if Z.shape[1] != X.shape[1]:
             raise ValueError(f"inducing has {Z.shape[1]} columns but X has {X.shape[1]}")
         if Z.shape[0] > X.shape[0]:
             raise ValueError(f"inducing: M = {Z.shape[0]} inducing inputs but only N = {X.shape[0]} data rows (need M ≤ N)")
-        return self.replace(inducing=jnp.asarray(Z))
+        return self.replace(inducing=jax.device_put(np.asarray(Z, np.float64)))
 
     def describe(self) -> str:
         M = np.shape(self.inducing)[0] if np.ndim(self.inducing) == 2 else self.inducing
