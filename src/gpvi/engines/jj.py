@@ -52,13 +52,12 @@ import time
 from functools import partial
 
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 
-from gpvi._module import flatten_params, unflatten_params
+from gpvi._module import flatten_params, ravel_params, ravel_values, unflatten_params
 from gpvi.likelihoods import Bernoulli
 from gpvi.objective import Objective, State, chunk_setup, stacked_state, marginals_stacked, chunk_projection, vlb_in_hyperparameters
 from gpvi.likelihoods.surrogates import COEFFICIENTS, SURROGATES, optimal_xi
@@ -135,10 +134,13 @@ def marginals(objective: Objective, state: State):
                       objective.cached, objective.blocks)
 
 
+_optimal_xi = jax.jit(optimal_xi, static_argnums=0)  # (eagerly: three small programs per shape)
+
+
 def analytic_xi(objective: Objective, state: State, kind: str):
     """The analytic ξ (C, n) of every row for ``state`` (see :func:`gpvi.likelihoods.surrogates.optimal_xi`)."""
     m, v = marginals(objective, state)
-    return optimal_xi(kind, m, v)
+    return _optimal_xi(kind, m, v)
 
 
 # ---- the collapsed bound Ĵ(θ, ξ) -------------------------------------------------------------
@@ -306,7 +308,8 @@ class _Collapsed:
     def __init__(self, model, names, objective, kind, xi_free: bool):
         self.model, self.kind, self.xi_free = model, kind, xi_free
         theta0 = flatten_params(model, names)
-        flat, self.unravel = jax.flatten_util.ravel_pytree(theta0)
+        # NumPy (the order of ravel_pytree): no eager programs for θ's few numbers at every evaluation
+        flat, self.unravel = ravel_params(theta0)
         self.theta0 = np.asarray(flat, dtype=np.float64)
         self.p = self.theta0.size
         self.X, self.chunks = objective.X, objective.chunks
@@ -325,13 +328,13 @@ class _Collapsed:
         return np.concatenate([np.asarray(theta_flat), np.asarray(xi).reshape(-1)[:self.N]])
 
     def split(self, x):
-        theta = self.unravel(jnp.asarray(x[:self.p]))
+        theta = self.unravel(x[:self.p])
         if not self.xi_free:
             return theta, self.xi_fixed
         C, n = self.shape
         xi = np.zeros(C * n)
         xi[:self.N] = x[self.p:]
-        return theta, jnp.asarray(xi.reshape(C, n))
+        return theta, jax.device_put(xi.reshape(C, n))
 
     def __call__(self, x):
         x = np.asarray(x, dtype=np.float64)
@@ -339,7 +342,7 @@ class _Collapsed:
         self.evaluations += 1
         (val, aux), (g_theta, g_xi) = _neg_collapsed_and_grad(theta, xi, self.model, self.X, self.chunks, self.kind)
         val = float(val)
-        grad = np.asarray(jax.flatten_util.ravel_pytree(g_theta)[0]) if self.p else np.zeros(0)
+        grad = ravel_values(g_theta) if self.p else np.zeros(0)
         if self.xi_free:
             grad = np.concatenate([grad, np.asarray(g_xi).reshape(-1)[:self.N]])
         if not np.isfinite(val) or not np.all(np.isfinite(grad)):
@@ -349,7 +352,7 @@ class _Collapsed:
         return val, grad
 
     def model_at(self, x):
-        return unflatten_params(self.model, self.unravel(jnp.asarray(x[:self.p])))
+        return unflatten_params(self.model, self.unravel(x[:self.p]))
 
 
 class _BudgetSpent(Exception):

@@ -42,6 +42,7 @@ import numbers
 import time
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
