@@ -8,7 +8,6 @@ import numbers
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gpvi.objective import Chunks, Objective, State, vlb_in_hyperparameters
@@ -109,7 +108,8 @@ def to_chunk(batch, likelihood, validate: bool) -> Chunks:
             y = likelihood.validate(y)
         except ValueError as err:
             raise ValueError(f"batch {batch.index} of epoch {batch.epoch}: {err}") from None
-    return Chunks(jnp.asarray(batch.X), jnp.asarray(y), jnp.asarray(batch.offset), jnp.asarray(batch.mask))
+    # device_put: jnp.asarray would stage each host array through a small program per shape
+    return Chunks(*jax.device_put((batch.X, y, batch.offset, batch.mask)))
 
 
 class EpochClock:
