@@ -244,7 +244,7 @@ class MoGResult(FitResult):
         N = np.shape(self.X)[0]
         means = np.asarray(self.means, np.float64).reshape(self.components, -1, N)
         variances = np.asarray(self.variances, np.float64).reshape(means.shape)
-        m, v = (np.asarray(a) for a in _conditional(self.model, jnp.asarray(self.X), jnp.asarray(X), means, variances))
+        m, v = (np.asarray(a) for a in _conditional(self.model, np.asarray(self.X, np.float64), X, means, variances))
         m, v = _rows(m), np.maximum(_rows(v), 1e-300)
         if offset is not None:  # added to every latent, as for a Gaussian posterior
             m = m + (offset if m.ndim == 2 else offset[:, None])
@@ -317,9 +317,9 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
         raise ValueError(f"y must be a 1-D array with one entry per row of X ({X.shape[0]}), got shape {y.shape}")
     if callback is not None and not callable(callback):
         raise ValueError(f"callback must be callable, got {type(callback).__name__}")
-    y = jnp.asarray(model.likelihood.validate(y))
+    y = jax.device_put(model.likelihood.validate(y))  # (jnp.asarray: a staging program per shape)
     N = X.shape[0]
-    Xj = jnp.asarray(X)
+    Xj = jax.device_put(X)
     names = []
     if learn_hyperparameters is True:
         names = learnable_parameters(model)
@@ -359,7 +359,7 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
                     f(len(rows) - 1, vlb, t)
 
     def fun(x):
-        v, g = vg(jnp.asarray(x))
+        v, g = vg(x)  # (a host array: the compiled call moves it)
         v = float(v)
         evaluations[0] += 1
         if not rows:  # the starting bound: iteration 0, as in the engines' traces
