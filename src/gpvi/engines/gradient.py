@@ -90,7 +90,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         """The estimated gap at x, from the sums of its evaluation when it was the last one."""
         if "x" in memo and np.array_equal(memo["x"], x):
             return float(estimated_gap(memo["state"], memo["sums"].grad, memo["sums"].S, memo["sums"].trSV)[0])
-        return final_gap(objective, _unpack(d, jnp.asarray(x)))
+        return final_gap(objective, _unpack(d, jax.device_put(np.asarray(x, np.float64))))
 
     x0 = np.asarray(_pack(state))
     f0, _ = fun(x0)
@@ -115,7 +115,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     def cb(intermediate_result):
         cur["it"] += 1
         x, f = intermediate_result.x, float(intermediate_result.fun)
-        stop = clock.tick(-f, cur["it"], _unpack(d, jnp.asarray(x)) if clock.watching else None)
+        stop = clock.tick(-f, cur["it"], _unpack(d, jax.device_put(np.asarray(x, np.float64))) if clock.watching else None)
         change = cur["f"] - f
         cur.update(x=np.array(x, copy=True), f=f, gap=np.inf)
         if stop:
@@ -161,7 +161,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     # Columns may have flipped sign; V = C Cᵀ is unchanged by making the diagonal positive.
     chol = np.asarray(final.chol)
     diag = np.diagonal(chol, axis1=-2, axis2=-1)
-    final = State(final.mean, jnp.asarray(chol * np.where(diag < 0, -1.0, 1.0)[..., None, :]))
+    final = State(final.mean, jax.device_put(chol * np.where(diag < 0, -1.0, 1.0)[..., None, :]))
     ok = bool(cur["gap"] <= cur["thr"])
     return EngineResult(final, -float(cur["f"]), cur["it"], ok, msg, clock.trace,
                         evaluations=objective.num_evaluations, extras=extras, gap=float(cur["gap"]))

@@ -312,7 +312,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     for t in range(1, int(max_iter) + 1):
         gamma = step_size_at(step_size, t)
         b = next(stream)
-        batch = tuple(jnp.asarray(a) for a in (b.X, b.y, b.offset, b.mask))
+        batch = tuple(jax.device_put((b.X, b.y, b.offset, b.mask)))  # (jnp.asarray: a staging program per shape)
         scale = N / float(b.rows)  # unbiased for the padded last batch of an epoch too
         prev = _prev(model, state)
         used = 0

@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gpvi import kernels, likelihoods, models
@@ -198,7 +197,7 @@ def decode(spec, arrays):
     if "array" in spec:
         if not isinstance(spec["array"], str):
             raise ValueError(f"malformed array name {short(spec['array'])}")
-        return jnp.asarray(arrays[spec["array"]])
+        return jax.device_put(np.asarray(arrays[spec["array"]]))  # (jnp.asarray: a staging program per shape)
     value = spec["value"]
     if value is not None and not isinstance(value, (str, bool, int, float)):
         raise ValueError(f"malformed value {short(value)}")
@@ -272,7 +271,7 @@ def fit_result_from_arrays(meta, arrays, prefix="fit"):
     leaves = [real_array(arrays[f"{prefix}.prior.{i}"], f"prior.{i}") for i in range(n)]
     prior = _checked_prior(model, leaves, scalars["input_dim"], d)
     gap, jitter = _gap_and_jitter(meta, arrays, prefix)
-    return FitResult(model=model, state=State(jnp.asarray(mean), jnp.asarray(chol)), trace=trace,
+    return FitResult(model=model, state=State(*jax.device_put((np.asarray(mean), np.asarray(chol)))), trace=trace,
                      prior=prior, gap=gap, jitter=jitter, search_message=_search_message(meta), **scalars)
 
 
@@ -376,7 +375,7 @@ def _checked_prior(model, leaves, D, d):
     shapes = [np.shape(e) for e in jax.tree_util.tree_leaves(expected)]
     if shapes != [a.shape for a in leaves]:
         raise ValueError(f"the prior cache has arrays of shapes {[a.shape for a in leaves]}, the model's {shapes}")
-    prior = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(expected), [jnp.asarray(a) for a in leaves])
+    prior = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(expected), jax.device_put([np.asarray(a) for a in leaves]))
     At = jax.eval_shape(model.project, prior, jax.ShapeDtypeStruct((1, D), np.float64))[0]
     lead = () if getattr(model, "num_latents", None) is None else (model.num_latents,)
     if At.shape != lead + (d, 1):

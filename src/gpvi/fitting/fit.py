@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gpvi.fitting import hyper
@@ -23,7 +22,7 @@ from gpvi.fitting.posterior import FitResult, effective_jitter
 from gpvi.fitting.problem import Problem, learnable_parameters, validate
 from gpvi.fitting.runner import Runner, start
 from gpvi.models.base import Model
-from gpvi.objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, State
+from gpvi.objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, State, as_device_array
 from gpvi.priors import LogPrior
 from gpvi._module import flatten_params
 from gpvi._watchdog import watched
@@ -193,7 +192,7 @@ def _result(problem: Problem, runner: Runner, outcome: hyper.Outcome) -> FitResu
     """The :class:`FitResult` of a strategy's outcome, with the runner's counts."""
     res, counts = outcome.res, runner.counts
     seconds = time.perf_counter() - runner.t0
-    prior = _prior_cache(outcome.model, jnp.asarray(problem.X)) if outcome.prior is None else outcome.prior
+    prior = _prior_cache(outcome.model, as_device_array(problem.X)) if outcome.prior is None else outcome.prior
     return FitResult(model=outcome.model, state=res.state, vlb=res.vlb, iterations=counts.iterations,
                      converged=bool(res.converged and np.isfinite(res.vlb)), message=outcome.message,
                      trace=outcome.trace, engine=problem.engine.name, backtracks=counts.backtracks,

@@ -268,7 +268,7 @@ class FitResult:
         X, offset = self._X(X, offset)
         if self.state is None:
             raise NotImplementedError(f"{type(self).__name__} has no Gaussian state: predict_f_cov is not available")
-        mean, cov = _latent_mean_cov(self.model, self.prior, self.state, jnp.asarray(X))
+        mean, cov = _latent_mean_cov(self.model, self.prior, self.state, X)
         mean, cov = np.asarray(mean), np.asarray(cov)
         if offset is not None:
             mean = mean + (offset if mean.ndim == 1 else offset[:, None])

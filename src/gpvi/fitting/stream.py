@@ -7,7 +7,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gpvi._module import unknown_parameters
@@ -126,7 +125,7 @@ def fit_stream(model: Model, source, y=None, *, engine: str = "sfp", batch_size:
         return FitResult(model=mdl, state=res.state, vlb=res.vlb, iterations=res.iterations,
                          converged=False, message=res.message, trace=res.trace, engine=engine,
                          evaluations=0, seconds=time.perf_counter() - t0,
-                         prior=_prior_cache(mdl, jnp.asarray(Xh[:1])), input_dim=stream.num_features,
+                         prior=_prior_cache(mdl, np.asarray(Xh[:1], np.float64)), input_dim=stream.num_features,
                          backtracks=res.backtracks, clipped=res.clipped, extras=dict(res.extras), gap=float("nan"))
 
     try:
@@ -159,12 +158,12 @@ def as_sparse(fit: FitResult) -> FitResult:
         Z = np.asarray(fit.prior[0][0])
         sparse = MultiLatent(tuple(SparseGP(lat.kernel, None, inducing=Z, mean=lat.mean, jitter=lat.jitter)
                                    for lat in m.latents), m.likelihood)
-        return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, jnp.asarray(Z)))
+        return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, Z))
     if not isinstance(m, GP):
         return fit
     Z = np.asarray(fit.prior[0])
     sparse = SparseGP(m.kernel, m.likelihood, inducing=Z, mean=m.mean, jitter=m.jitter)
-    return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, jnp.asarray(Z)))
+    return dataclasses.replace(fit, model=sparse, prior=_prior_cache(sparse, Z))
 
 
 def update(fit: FitResult, X, y, offset=None, *, batch_size: int = 4096) -> FitResult:
@@ -211,7 +210,7 @@ def update(fit: FitResult, X, y, offset=None, *, batch_size: int = 4096) -> FitR
             # fixed batch shape (padded, masked) so that one compiled program serves every batch
             idx = np.arange(s, s + B) % n
             mask = (np.arange(s, s + B) < n).astype(float)
-            ch = Chunks(jnp.asarray(X[idx]), jnp.asarray(y[idx]), jnp.asarray(off[idx]), jnp.asarray(mask))
+            ch = Chunks(*jax.device_put((X[idx], y[idx], off[idx], mask)))  # (no staging programs)
             sums = minibatch_sums(model, fit.prior, ch, state, 1.0, blocks, clip_gamma=True)
             new = assumed_density_step(state, sums.grad, sums.S)
             if not (np.all(np.isfinite(np.asarray(new.mean))) and np.all(np.isfinite(np.asarray(new.chol)))):
