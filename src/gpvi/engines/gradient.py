@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from gpvi.objective import Objective, State
+from gpvi.objective import Objective, State, as_device_array
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import NOT_FINITE_START, STOPPED, Clock, stopped_at_start, EngineResult, estimated_gap, final_gap, finite_start, gap_threshold
 
@@ -77,7 +77,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     memo: dict = {}
 
     def fun(x):
-        s = _unpack(d, jax.device_put(np.asarray(x, np.float64)))  # (no staging program per call shape)
+        s = _unpack(d, as_device_array(x))  # (no staging program per call shape)
         sums = objective.sums(s)
         v = float(sums.vlb)
         if not np.isfinite(v):
@@ -90,7 +90,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         """The estimated gap at x, from the sums of its evaluation when it was the last one."""
         if "x" in memo and np.array_equal(memo["x"], x):
             return float(estimated_gap(memo["state"], memo["sums"].grad, memo["sums"].S, memo["sums"].trSV)[0])
-        return final_gap(objective, _unpack(d, jax.device_put(np.asarray(x, np.float64))))
+        return final_gap(objective, _unpack(d, as_device_array(x)))
 
     x0 = np.asarray(_pack(state))
     f0, _ = fun(x0)
@@ -115,7 +115,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
     def cb(intermediate_result):
         cur["it"] += 1
         x, f = intermediate_result.x, float(intermediate_result.fun)
-        stop = clock.tick(-f, cur["it"], _unpack(d, jax.device_put(np.asarray(x, np.float64))) if clock.watching else None)
+        stop = clock.tick(-f, cur["it"], _unpack(d, as_device_array(x)) if clock.watching else None)
         change = cur["f"] - f
         cur.update(x=np.array(x, copy=True), f=f, gap=np.inf)
         if stop:
@@ -157,7 +157,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
             msg = f"reached max_iter={max_iter}; estimated gap {cur['gap']:.3g} nats{_TRY_FPI}"
         else:
             msg = f"L-BFGS-B stopped ({res.message}) with estimated gap {cur['gap']:.3g} nats > {cur['thr']:.3g}{_TRY_FPI}"
-    final = _unpack(d, jax.device_put(np.asarray(x, np.float64)))
+    final = _unpack(d, as_device_array(x))
     # Columns may have flipped sign; V = C Cᵀ is unchanged by making the diagonal positive.
     chol = np.asarray(final.chol)
     diag = np.diagonal(chol, axis1=-2, axis2=-1)
