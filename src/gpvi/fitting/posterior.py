@@ -374,7 +374,7 @@ def _describe_likelihood(lik) -> str:
         return "none"
     extra = [f"{f.name}={getattr(lik, f.name)}" for f in dataclasses.fields(lik)
              if f.metadata.get("static") and isinstance(getattr(lik, f.name), str)]
-    for attr in ("num_classes", "num_levels"):
+    for attr in ("num_classes", "num_levels", "reference"):
         v = getattr(lik, attr, None)
         if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
             extra.append(f"{attr}={int(v)}")

@@ -190,6 +190,14 @@ def _check_classes(owner, name, c):
     return int(c)
 
 
+def _check_reference(owner, name, r):
+    if r is None:
+        return None
+    if isinstance(r, (bool, np.bool_)) or not isinstance(r, numbers.Integral) or r < 0:
+        raise ValueError(f"{owner}: {name} must be None or a class index ≥ 0, got {r!r}")
+    return int(r)
+
+
 def _mean_hessian(ps, pw, Ep):
     """``Σ_p w_p π_pa π_pb − δ_ab E[π_a]`` (…, C, C): a softmax rule's second derivative in the
     means, from the softmax ``ps`` (C arrays (…, P)) at the nodes, ``pw`` the same times the weights
@@ -223,10 +231,26 @@ class Softmax(Likelihood):
     ``rule="latents"`` (C ≤ 4) is the product rule over all C latents (20², 10³, 5⁴ nodes) that
     gpvi used before the rule over the differences; a model file written then is read with it,
     so that it predicts bit for bit.
+
+    ``reference=r`` (C ≥ 3) is the identifiable multinomial logit: class r's logit is held at 0
+    and the model has C − 1 latents, one per other class in order (``num_latents = C − 1``;
+    every method takes and returns (…, C − 1) latent arrays, while ``predict_proba`` still
+    gives all C classes).  The softmax is unchanged by adding one function to every logit, so
+    with one latent per class the bound is flat along that shift except for the prior; with
+    per-class kernels learned, a search then drives one class's kernel variance towards zero
+    and crawls there (USPS 4-7-9, benchmarks/README.md).  A reference class removes the shift
+    and a third of the work per pass for three classes; which class is the reference changes
+    the model and its optimum (there: 10 and 21 nats between the three choices).
     """
 
     num_classes: int = static(None, check=_check_classes)
     rule: str = static("differences", check=_check_rule)
+    reference: int | None = static(None, check=_check_reference)
+
+    def __post_init__(self):
+        if self.reference is not None and not (self.num_classes >= 3 and self.reference < self.num_classes):
+            raise ValueError(f"Softmax: reference={self.reference} needs num_classes ≥ 3 and a class index "
+                             f"below num_classes={self.num_classes} (for two classes use Bernoulli)")
 
     #: Field values that a model file written before the field existed means (gpvi.io): such a
     #: file's softmax used the rule over all latents, which it keeps, so it predicts bit for bit.
@@ -234,7 +258,23 @@ class Softmax(Likelihood):
 
     @property
     def num_latents(self) -> int:
-        return self.num_classes
+        return self.num_classes - (self.reference is not None)
+
+    def _full(self, a):
+        """Latent values (…, C − 1) with the reference class's zero put in: (…, C)."""
+        if self.reference is None:
+            return a
+        a = jnp.asarray(a)
+        r = self.reference
+        return jnp.concatenate([a[..., :r], jnp.zeros(a.shape[:-1] + (1,), a.dtype), a[..., r:]], axis=-1)
+
+    def _latent_part(self, t, axes=1):
+        """``t`` (…, C) or, with ``axes=2``, (…, C, C) without the reference class's entries."""
+        if self.reference is None:
+            return t
+        keep = np.array([c for c in range(self.num_classes) if c != self.reference])
+        t = jnp.take(t, keep, axis=-1)
+        return jnp.take(t, keep, axis=-2) if axes == 2 else t
 
     def validate(self, y):
         if softmax_rule(self.quadrature_points, self.num_classes) == "qmc":
@@ -247,7 +287,10 @@ class Softmax(Likelihood):
         return y
 
     def log_prob(self, y, f):
-        """``log p(y | f)`` for labels ``y`` (…) and latents ``f`` (…, C)."""
+        """``log p(y | f)`` for labels ``y`` (…) and latents ``f`` (…, Q)."""
+        return self._log_prob_full(y, self._full(f))
+
+    def _log_prob_full(self, y, f):
         idx = jnp.asarray(y).astype(jnp.int32)
         fy = jnp.take_along_axis(f, idx[..., None], axis=-1)[..., 0]
         return fy - jax.scipy.special.logsumexp(f, axis=-1)
@@ -420,6 +463,7 @@ class Softmax(Likelihood):
         return E, rho, lam, h - Ep[..., None] * jnp.eye(self.num_classes, dtype=m.dtype)
 
     def expected_log_prob(self, y, m, v):
+        m, v = self._full(m), self._full(v)
         if self.num_classes > PRODUCT_MAX_CLASSES:
             return self._stacked(y, m, v, moments=False)
         if self.rule == "latents":
@@ -428,11 +472,19 @@ class Softmax(Likelihood):
 
     def _moments(self, y, m, v, hessians: bool):
         """``(E, ρ, λ)``, and ``h`` with ``hessians``, from one softmax ``π`` at the nodes."""
+        m, v = self._full(m), self._full(v)
         if self.num_classes > PRODUCT_MAX_CLASSES:
-            return self._stacked(y, m, v, moments=True, hessians=hessians)
-        if self.rule == "latents":
-            return self._latent_moments(y, m, v, hessians)
-        return self._at_nodes(y, m, v, hessians=hessians)
+            out = self._stacked(y, m, v, moments=True, hessians=hessians)
+        elif self.rule == "latents":
+            out = self._latent_moments(y, m, v, hessians)
+        else:
+            out = self._at_nodes(y, m, v, hessians=hessians)
+        if self.reference is None:
+            return out
+        # (the reference's own λ divides by its zero variance under the rules over the latents:
+        # it is dropped here, never used)
+        return (out[0],) + tuple(self._latent_part(t) for t in out[1:3]) + tuple(
+            self._latent_part(t, axes=2) for t in out[3:])
 
     def variational_moments(self, y, m, v):
         """``(E, ρ, λ)`` in closed form: the exact derivatives of the rule (product or QMC) of
@@ -451,7 +503,9 @@ class Softmax(Likelihood):
 
     def predict_proba(self, m, v):
         """Predictive class probabilities ``E[softmax(f)]`` (n, C) under ``f ~ N(m, diag v)``, by
-        the rule of :meth:`expected_log_prob` (over the differences from class 0 for C ≤ 4)."""
+        the rule of :meth:`expected_log_prob` (over the differences from class 0 for C ≤ 4);
+        ``m, v`` (n, Q), with Q = C − 1 under a ``reference`` class."""
+        m, v = self._full(m), self._full(v)
         _, W = self._nodes()
         if self._over_latents:
             return jnp.einsum("npc,p->nc", jax.nn.softmax(self._latents(m, v), axis=-1), W)
@@ -469,9 +523,10 @@ class Softmax(Likelihood):
     def predictive_log_density(self, y, m, v):
         """``log E[p(y | f)]``: the log of :meth:`predict_proba`'s entry for ``y`` (the same rule),
         as a log-sum-exp over the nodes (no underflow for improbable labels)."""
+        m, v = self._full(m), self._full(v)
         _, W = self._nodes()
         if self._over_latents:
-            lp = self.log_prob(jnp.asarray(y)[..., None], self._latents(m, v))
+            lp = self._log_prob_full(jnp.asarray(y)[..., None], self._latents(m, v))
             return jax.scipy.special.logsumexp(lp + jnp.log(W), axis=-1)
         logits, lse, _ = self._differences(m, v, jnp.zeros(m.shape[:-1], jnp.int32))
         idx = jnp.asarray(y).astype(jnp.int32)[..., None]
