@@ -112,3 +112,23 @@ def test_model_file_keeps_the_reference(tmp_path):
     assert back.reference == 1 and back.num_latents == 3
     del spec["fields"]["reference"]  # as gpvi wrote a Softmax before the field existed
     assert codec.decode(spec, {}).reference is None
+
+
+def test_search_names_the_class_whose_kernel_variance_vanished():
+    """With per-class kernels learned, a latent whose kernel variance is negligible against the
+    others' (here it starts there, and the search cannot bring it back in two rounds) is named in
+    the search's message, with the reference-class model that fits that optimum directly; a
+    search whose variances stay comparable, or a model with a reference already, gets no hint."""
+    from gpvi.fitting.hyper import softmax_shift_hint
+
+    X, y = _three_blobs()
+    ks = [kernels.RBF(variance=2.0, lengthscale=1.0), kernels.RBF(variance=1.0, lengthscale=1.0),
+          kernels.RBF(variance=1e-9, lengthscale=1.0)]
+    fit = gpvi.fit(MultiLatent.full(ks, Softmax(num_classes=3)), X, y, learn_hyperparameters=True, max_rounds=2)
+    assert "Softmax(num_classes=3, reference=2)" in fit.search_message
+    names = ["latents.0.kernel.variance", "latents.1.kernel.variance", "latents.2.kernel.variance"]
+    even = MultiLatent.full([kernels.RBF(variance=v) for v in (2.0, 1.0, 0.5)], Softmax(num_classes=3))
+    assert softmax_shift_hint(even, names) == ""
+    ref = MultiLatent.full([kernels.RBF(variance=2.0), kernels.RBF(variance=1e-9)], Softmax(num_classes=3, reference=0))
+    assert softmax_shift_hint(ref, names[:2]) == ""
+    assert softmax_shift_hint(MultiLatent.full(ks, Softmax(num_classes=3)), ["latents.0.kernel.lengthscale"]) == ""

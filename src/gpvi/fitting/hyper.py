@@ -155,7 +155,35 @@ def profile(problem, runner, state, obj):
     obj, res, _ = runner(model, search["state"], problem.tol, **search["mode"])
     message = f"{res.message}; hyperparameters: {rounds} L-BFGS-B iteration(s)"
     return Outcome(model, res, message, np.asarray(search["rows"]).reshape(-1, 2), rounds,
-                   None if learned else obj.prior, search=search.get("message", ""))
+                   None if learned else obj.prior, search=search.get("message", "") + softmax_shift_hint(model, names))
+
+
+#: A learned kernel variance below this fraction of the largest of a softmax's latents is taken to
+#: have run to the softmax's shift (:func:`softmax_shift_hint`).
+VANISHED_VARIANCE = 1e-6
+
+
+def softmax_shift_hint(model, names) -> str:
+    """``"; …"`` naming the class to make a :class:`~gpvi.likelihoods.Softmax` ``reference`` when a
+    search over per-class kernel variances drove one of them to zero (below
+    :data:`VANISHED_VARIANCE` of the largest), else ``""``.  That latent's logit is then a constant:
+    the search was crawling towards the model with that class as the reference, which
+    ``Softmax(reference=c)`` with one latent fewer fits directly, in fewer rounds."""
+    lik, latents = getattr(model, "likelihood", None), getattr(model, "latents", None)
+    if type(lik).__name__ != "Softmax" or getattr(lik, "reference", 0) is not None or not latents:
+        return ""
+    if not any(n.endswith("kernel.variance") for n in names):
+        return ""
+    var = [getattr(getattr(lat, "kernel", None), "variance", None) for lat in latents]
+    if any(v is None or np.size(v) != 1 for v in var):
+        return ""
+    var = np.array([float(np.asarray(v)) for v in var])
+    c = int(np.argmin(var))
+    if not var[c] < VANISHED_VARIANCE * var.max():
+        return ""
+    return (f"; latent {c}'s kernel variance ran to {var[c]:.2g} ({var[c] / var.max():.1g} of the largest): "
+            f"the softmax's shift; Softmax(num_classes={lik.num_classes}, reference={c}) with the other "
+            f"{len(latents) - 1} latents fits this optimum directly, in fewer rounds")
 
 
 def engine_owned(problem, runner, state, obj):
