@@ -41,6 +41,7 @@ from gpvi._module import (flatten_params, matching_parameters, parameter_value, 
 from gpvi.priors import LogPrior
 from gpvi.engines import STOPPED, Progress
 from gpvi.engines.laplace import check_learned_hyperparameters, laplace_log_marginal_at
+from gpvi.likelihoods.softmax import Softmax
 from gpvi.models.base import SparseGP
 from gpvi.objective import (as_device_array, full_gp_latents, make_chunks, pads_rows, prior_inputs, sparse_envelope,
                             vlb_envelope, vlb_in_hyperparameters)
@@ -170,7 +171,7 @@ def softmax_shift_hint(model, names) -> str:
     the search was crawling towards the model with that class as the reference, which
     ``Softmax(reference=c)`` with one latent fewer fits directly, in fewer rounds."""
     lik, latents = getattr(model, "likelihood", None), getattr(model, "latents", None)
-    if type(lik).__name__ != "Softmax" or getattr(lik, "reference", 0) is not None or not latents:
+    if not isinstance(lik, Softmax) or lik.reference is not None or not latents:
         return ""
     if not any(n.endswith("kernel.variance") for n in names):
         return ""
