@@ -216,11 +216,13 @@ def test_user_likelihood_with_only_log_prob_works_with_every_engine(rng, engine)
     np.testing.assert_allclose(mine.predict_f(X[:10])[0], ref.predict_f(X[:10])[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("with_S", [False, True])
 @pytest.mark.parametrize("alpha", [1.0, 0.3])
 @pytest.mark.parametrize("update_mean,update_cov", [(True, True), (True, False), (False, True)])
-def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov):
+def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov, with_S):
     # Oracle: Λ' = (1−α)V⁻¹ + αH (H alone for a mean-only step), m' = m + αΛ'⁻¹g, V' = Λ'⁻¹,
-    # by dense NumPy inverses; the step itself works from a reversed Cholesky factor of H.
+    # by dense NumPy inverses; the step itself works from a reversed Cholesky factor of H, and
+    # (with_S) a damped one from H = I − S itself.
     import jax.numpy as jnp
     from gpvi.engines._common import natural_step, precision_chol
 
@@ -231,7 +233,8 @@ def test_natural_step_matches_dense_algebra(rng, alpha, update_mean, update_cov)
     np.fill_diagonal(chol, np.abs(np.diag(chol)) + 1.0)
     state = gpvi.State(jnp.asarray(rng.standard_normal(d)), jnp.asarray(chol))
     g = rng.standard_normal(d)
-    out = natural_step(state, jnp.asarray(g), precision_chol(jnp.asarray(S)), alpha, update_mean, update_cov)
+    out = natural_step(state, jnp.asarray(g), precision_chol(jnp.asarray(S)), alpha, update_mean, update_cov,
+                       S=jnp.asarray(S) if with_S else None)
 
     H, V = np.eye(d) - S, chol @ chol.T
     Lam = (1 - alpha) * np.linalg.inv(V) + alpha * H if update_cov else H
@@ -286,9 +289,10 @@ def test_target_and_step_proposes_the_undamped_step_of_dense_algebra(rng, Q, alp
         assert np.all(np.triu(new, 1) == 0) and np.all(np.diag(new) > 0)
 
 
+@pytest.mark.parametrize("with_S", [False, True])
 @pytest.mark.parametrize("alpha", [1.0, 0.3])
 @pytest.mark.parametrize("update_mean,update_cov", [(True, True), (True, False), (False, True)])
-def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha, update_mean, update_cov):
+def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha, update_mean, update_cov, with_S):
     # The coupled (softmax) step of Q = 3 stacked blocks, with the joint direction and the
     # factors' inverses given: m' = m + α·direction, and per block V' = Λ'⁻¹ with
     # Λ' = (1−α)V⁻¹ + αH, by dense NumPy inverses.
@@ -300,7 +304,8 @@ def test_coupled_natural_step_of_stacked_blocks_matches_dense_algebra(rng, alpha
     state = gpvi.State(jnp.asarray(rng.standard_normal((Q, d))), jnp.asarray(chols))
     g, direction = rng.standard_normal((Q, d)), rng.standard_normal((Q, d))
     RH, RH_inv = precision_and_inverse(jnp.asarray(S))
-    out = natural_step(state, jnp.asarray(g), RH, alpha, update_mean, update_cov, jnp.asarray(direction), RH_inv)
+    out = natural_step(state, jnp.asarray(g), RH, alpha, update_mean, update_cov, jnp.asarray(direction), RH_inv,
+                       jnp.asarray(S) if with_S else None)
     want_mean = np.asarray(state.mean) + (alpha * direction if update_mean else 0.0)
     np.testing.assert_allclose(np.asarray(out.mean), want_mean, rtol=1e-12, atol=1e-12)
     for q in range(Q):
@@ -352,6 +357,7 @@ def test_damped_covariance_steps_of_coupled_latents_share_the_joint_steps_progra
 
     guard = SafeguardedAscent(objective=Coupled())
     guard.direction = guard.inverse = None
+    guard.target_S = jnp.asarray(S)  # as _target records it: the damped step takes H = I − S from it
     RH = precision_chol(jnp.asarray(S))
     grad = type("Sums", (), {"grad": jnp.asarray(rng.standard_normal((Q, d))), "vlb": -1.0})()
     out = guard._try(state, grad, RH, alpha, False, True)[0]

@@ -175,7 +175,7 @@ def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pca
         proj = minibatch_projection(model, prior, batch, blocks, pcache)
     sums = minibatch_sums(model, prior, batch, state, scale, blocks, proj=proj)
     RH = precision_chol(sums.S)
-    new = natural_step(state, sums.grad, RH, gamma)
+    new = natural_step(state, sums.grad, RH, gamma, S=sums.S)
     v_new = minibatch_vlb(model, batch, new, scale, blocks, proj=proj) if safeguard else jnp.zeros(())
     ok_H = jnp.all(jnp.isfinite(RH))
     finite = jnp.all(jnp.isfinite(new.mean)) & jnp.all(jnp.isfinite(new.chol))
@@ -316,16 +316,18 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
             gamma = sched(natural_gradient(st, sums.grad, sums.S))
         else:
             gamma = _gamma_value(sched(n), n)
-        RH = precision_chol(sums.S)
+        S = sums.S
+        RH = precision_chol(S)
         if not bool(jnp.all(jnp.isfinite(RH))):
             # I − Ŝ not positive definite (λ_i > 0 somewhere): clip γ_i = −λ_i at 0, as FPi does
             box["clipped"] += 1
-            RH = precision_chol(minibatch_sums(mdl, prior, chunk, st, scale, blocks, clip_gamma=True).S)
+            S = minibatch_sums(mdl, prior, chunk, st, scale, blocks, clip_gamma=True).S
+            RH = precision_chol(S)
         if not np.isfinite(float(sums.vlb)):
             return None
         gamma = gamma * box["damp"]
         for k in range(MAX_HALVINGS + 1):
-            new = natural_step(st, sums.grad, RH, gamma)
+            new = natural_step(st, sums.grad, RH, gamma, S=S)
             finite = bool(jnp.all(jnp.isfinite(new.chol))) and bool(jnp.all(jnp.isfinite(new.mean)))
             if finite and not safeguard:
                 break
