@@ -168,11 +168,18 @@ def test_joint_newton_direction_solves_the_dense_hessian_of_the_vlb_in_the_means
     assert np.linalg.norm(np.asarray(d_def).reshape(-1) - d_ref) <= 1e-2 * np.linalg.norm(d_ref)
     # solved to 1e-12, with the rows' curvatures from the pass and recomputed
     obj = Objective(model, X, y, newton_rtol=1e-12)
-    RH, d, gap, RH_inv, _ = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h)
-    # the inverse factors: RH⁻¹ RH = I in every block
+    RH, d, gap, RH_inv, _ = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h, step=(1.0, True, True))
+    # a step that moves the covariance: the inverse factors, RH⁻¹ RH = I in every block
     for q in range(3):
         np.testing.assert_allclose(np.asarray(RH_inv[q]) @ np.asarray(RH[q]), np.eye(25), atol=1e-10)
     np.testing.assert_allclose(np.asarray(d).reshape(-1), d_ref, rtol=1e-8, atol=1e-10 * np.abs(d_ref).max())
+    # a mean-only step, preconditioned with V (here a random one, far from H⁻¹): the same direction
+    _, d_mean, gap_mean, P, _ = coupled_target(obj, st, sums.grad, sums.S, sums.rows_h, step=(1.0, True, False))
+    np.testing.assert_allclose(np.asarray(d_mean).reshape(-1), d_ref, rtol=1e-8, atol=1e-10 * np.abs(d_ref).max())
+    assert gap_mean == pytest.approx(gap, rel=1e-10)
+    for q in range(3):  # J Pᵀ P J = V_q
+        Pq = np.asarray(P[q])[::-1, ::-1]
+        np.testing.assert_allclose(Pq.T @ Pq, np.asarray(st.chol[q]) @ np.asarray(st.chol[q]).T, rtol=1e-12, atol=1e-12)
     _, d2, _, _, _ = coupled_target(obj, st, sums.grad, sums.S)
     np.testing.assert_allclose(np.asarray(d2), np.asarray(d), rtol=1e-10, atol=1e-12 * np.abs(d_ref).max())
     # the gap's covariance share is the per-latent one: remove it via the uncoupled estimate

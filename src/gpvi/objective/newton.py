@@ -54,7 +54,9 @@ def coupled_direction(model, chunks, proj, state, grad, RH_inv, rows_h=None, max
     per-latent precision factors ``RH`` (``J H_q J = RH RHᵀ``;
     :func:`gpvi.engines._common.precision_and_inverse`, which the covariance step needs anyway),
     so that the preconditioner is two products per latent, ``H_q⁻¹ r = J RH⁻ᵀ RH⁻¹ J r``
-    (two triangular solves took 10× longer on XLA:CPU).  ``rows_h`` (C, n, Q, Q) are the rows'
+    (two triangular solves took 10× longer on XLA:CPU).  Any lower-triangular factors serve
+    there: ``J Lᵀ J`` of the covariance factors ``L`` makes the preconditioner ``V_q``, which
+    mean-only steps use (:func:`gpvi.engines._common.coupled_target`).  ``rows_h`` (C, n, Q, Q) are the rows'
     ``h_i`` at ``state`` (:attr:`Sums.rows_h`); recomputed here when not given.
 
     Stops at relative residual ``rtol`` (in the preconditioner's norm), after ``max_iter``

@@ -73,7 +73,8 @@ class Objective:
     def newton_direction(self, state: State, grad, RH_inv, rows_h=None):
         """The joint Newton direction of the means of all latent blocks and the gain it
         predicts (see :func:`coupled_direction`); ``RH_inv`` holds the inverses of the
-        per-latent precision factors (:func:`gpvi.engines._common.precision_and_inverse`) and
+        per-latent precision factors (:func:`gpvi.engines._common.precision_and_inverse`), or
+        another preconditioner's lower-triangular factors (see there), and
         ``rows_h`` the rows' curvatures from the sums at ``state`` (recomputed if ``None``)."""
         return coupled_direction(self.model, self.chunks, self.proj, state, grad, RH_inv, rows_h,
                                   rtol=self.newton_rtol)
