@@ -173,9 +173,16 @@ def test_search_starts_fpi_in_the_papers_order_once_a_run_has_switched(rng, monk
     first = switched[0]
     assert not any(asked for asked, _ in calls[:first + 1]), calls
     assert all(asked and start == 1 for asked, start in calls[first + 1:]), calls
-    other = gpvi.fit(model, X, y.astype(float), learn_hyperparameters=names, max_rounds=6,
-                     engine_options={"sequential": True})  # the user's choice is passed through
-    assert abs(other.vlb - res.vlb) <= 1e-6 * abs(res.vlb)
+    # The user's choice is passed through, and both orders reach the same optimum.  The searches
+    # run to convergence here: after 6 rounds two searches are at different points of their paths
+    # (the sequential one 2.4e-5 relative below the other since mean-only steps are preconditioned
+    # with V, 2e-7 before; at convergence 3.6e-8 apart).
+    auto = gpvi.fit(model, X, y.astype(float), learn_hyperparameters=names)
+    n = len(calls)
+    other = gpvi.fit(model, X, y.astype(float), learn_hyperparameters=names, engine_options={"sequential": True})
+    assert n < len(calls) and all(asked for asked, _ in calls[n:]), calls[n:]
+    assert auto.search_message.startswith("CONVERGENCE") and other.search_message.startswith("CONVERGENCE")
+    assert abs(other.vlb - auto.vlb) <= 1e-6 * abs(auto.vlb)
     grad = gpvi.fit(model, X, y.astype(float), learn_hyperparameters=names, max_rounds=6, engine="gradient")
     assert abs(grad.vlb - res.vlb) <= 1e-3 * abs(res.vlb), (grad.vlb, res.vlb)
 
