@@ -436,7 +436,7 @@ def _in_memory_coupled_target(model, chunks, proj, state: State, grad, S, rows_h
     1).  Where a factor is not finite the direction's conjugate gradients stop at once (their
     residual is NaN) and the caller drops it."""
     RH = precision_chol(S)
-    RH_inv = jax.lax.cond(update_cov, lambda: map_latents(tri_inv, RH), lambda: _covariance_stand_in(state, RH))
+    RH_inv = _preconditioner_factors(state, RH, update_cov)
     d, mean_gain = coupled_direction(model, chunks, proj, state, grad, RH_inv, rows_h, rtol=rtol)
     # (a cond, not a where: the reversed transpose of (Q, d, d) factors is a strided copy, 20 ms at
     # three latents of d = 1 233, which a mean-only step does not need)
@@ -445,14 +445,14 @@ def _in_memory_coupled_target(model, chunks, proj, state: State, grad, S, rows_h
     return RH, d, _coupled_gap(state, RH, mean_gain, trSV), RH_inv, jnp.all(jnp.isfinite(RH)), prop
 
 
-def _covariance_stand_in(state: State, RH):
-    """``J Lᵀ J`` of every block's covariance factor ``L``: in the place of ``RH⁻¹``, it makes
-    the conjugate gradients' preconditioner ``V_q`` instead of ``H_q⁻¹``; NaN where some ``RH``
-    is not finite, so that the iterations stop at once, as with ``RH⁻¹``."""
-    return jnp.where(jnp.all(jnp.isfinite(RH)), _flipped_transpose(state.chol), jnp.nan)
-
-
-_jit_covariance_stand_in = jax.jit(_covariance_stand_in)
+@jax.jit
+def _preconditioner_factors(state: State, RH, update_cov):
+    """The factors ``P`` (Q, d, d) of the coupled direction's preconditioner (see
+    :func:`coupled_target`): ``RH⁻¹`` for a step that moves the covariance, else ``J Lᵀ J`` of
+    every block's covariance factor ``L`` (preconditioner ``V_q``), NaN where some ``RH`` is not
+    finite so that the iterations stop at once, as with ``RH⁻¹``."""
+    return jax.lax.cond(update_cov, lambda: map_latents(tri_inv, RH),
+                        lambda: jnp.where(jnp.all(jnp.isfinite(RH)), _flipped_transpose(state.chol), jnp.nan))
 
 
 def coupled_target(objective, state: State, grad, S, rows_h=None, trSV=None, step=(1.0, False, False)):
@@ -482,11 +482,8 @@ def coupled_target(objective, state: State, grad, S, rows_h=None, trSV=None, ste
         if not bool(finite):
             return RH, None, float("inf"), None, None
         return RH, d, float(gap), RH_inv, prop
-    if step[2]:
-        RH, RH_inv = precision_and_inverse(S)
-    else:
-        RH = precision_chol(S)
-        RH_inv = _jit_covariance_stand_in(state, RH)
+    RH = precision_chol(S)
+    RH_inv = _preconditioner_factors(state, RH, step[2])
     if not is_finite(RH):
         return RH, None, float("inf"), None, None
     d, mean_gain = objective.newton_direction(state, grad, RH_inv, rows_h)
@@ -581,7 +578,8 @@ class SafeguardedAscent:
                                                             sums.trSV, step=(alpha, update_mean, update_cov))
             self.gap, self.direction = gap, d
             if d is not None and (prop is None or damped):
-                prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, d, self.inverse, sums.S)
+                prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, d, self.inverse,
+                                    self.target_S)
         else:
             RH, prop, gap = target_and_step(state, sums.grad, sums.S, alpha, update_mean, update_cov, sums.trSV)
             self.gap = float(gap)
