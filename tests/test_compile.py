@@ -483,3 +483,62 @@ def test_a_laplace_fit_lowers_only_its_own_programs():
     assert r.converged and r.hyperparameter_rounds > 0
     R = np.linalg.cholesky(np.linalg.inv(np.asarray(r.state.chol) @ np.asarray(r.state.chol).T))
     assert r.extras["log_marginal"] == pytest.approx(r.extras["psi"] - np.sum(np.log(np.diag(R))), rel=1e-9)
+
+
+# ---- gpvi's compiler options (gpvi._compile.jit) ----------------------------------------------
+
+def test_gpvi_programs_are_compiled_through_its_jit():
+    """Every compiled function in gpvi's source goes through ``gpvi._compile.jit`` (and so gets
+    its compiler options); a bare ``jax.jit`` would compile with XLA's defaults."""
+    from pathlib import Path
+    import re
+
+    src = Path(gpvi.__file__).parent
+    bare = [f"{p.relative_to(src)}:{i}" for p in src.rglob("*.py") if p.name != "_compile.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"(?<!`)\bjax\.jit\b(?!`)", line)]
+    assert bare == []
+
+
+def test_jit_passes_its_options_to_xla(monkeypatch):
+    from gpvi import _compile
+
+    seen = {}
+    real = jax.jit
+
+    def spy(fun, **kwargs):
+        seen.update(kwargs)
+        return real(fun, **kwargs)
+
+    monkeypatch.setattr(_compile.jax, "jit", spy)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=1")
+    f = _compile.jit(lambda x: x + 1, static_argnames=())
+    assert seen["compiler_options"] == {"xla_cpu_use_fusion_emitters": False} and seen["static_argnames"] == ()
+    assert float(f(1.0)) == 2.0
+    # an option of the caller's is added to gpvi's, and the decorator form takes options too
+    _compile.jit(compiler_options={"xla_llvm_disable_expensive_passes": True})(lambda x: x)
+    assert seen["compiler_options"] == {"xla_cpu_use_fusion_emitters": False, "xla_llvm_disable_expensive_passes": True}
+    # the user's own setting of the option in XLA_FLAGS is left to XLA
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")
+    assert _compile.compiler_options() == {}
+    _compile.jit(lambda x: x)
+    assert seen["compiler_options"] == {}
+
+
+def test_jits_options_reach_the_compiler_and_leave_the_numbers_alone():
+    """The options are handed to XLA (a misspelt one is refused when the program compiles), and
+    a program of elementwise functions and a product gives the numbers of ``jax.jit`` (the
+    default emitters) to rounding."""
+    import jax.numpy as jnp
+    from gpvi._compile import jit
+
+    with pytest.raises(Exception, match="No such compile option"):
+        jit(lambda x: x + 1, compiler_options={"xla_no_such_option": True})(jnp.ones(2))
+
+    def f(x):
+        y = jnp.exp(-x) * jnp.log1p(x * x) + jnp.tanh(x) / (1.0 + jnp.sqrt(jnp.abs(x)))
+        return y @ y.T + jax.scipy.special.erf(x).sum(0)
+
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(40, 40)))
+    a = np.asarray(jit(f)(x))
+    b = np.asarray(jax.jit(f, compiler_options={"xla_cpu_use_fusion_emitters": True})(x))
+    np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13 * np.abs(b).max())

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gpvi.likelihoods import Bernoulli, Exponential, Gaussian, Laplace, Likelihood, Ordinal, Poisson, StochasticVolatility, StudentT
+from gpvi._compile import jit
 
 __all__ = ["gamma", "gamma_slope", "check_conditions", "check_fit", "has_closed_form",
            "ConditionReport", "FitConditions", "DEFAULT_QUADRATURE"]
@@ -84,7 +85,7 @@ def _resolve(likelihood, quadrature):
     return False, int(quadrature)
 
 
-@partial(jax.jit, static_argnames=("closed", "slope", "block", "kind"))
+@partial(jit, static_argnames=("closed", "slope", "block", "kind"))
 def _evaluate(lik, z, w, y, m, v, closed, slope, block, kind):
     """γ (and ∂γ/∂v when ``slope``) at flat (P,) arrays, P a multiple of ``block``.
 

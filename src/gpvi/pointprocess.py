@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numbers
 
-import jax
 import jax.numpy as jnp
 import numpy as np
+from gpvi._compile import jit
 
 __all__ = ["bin_events", "intensity_moments"]
 
@@ -68,7 +68,7 @@ def bin_events(times, *, start=None, stop=None, num_bins: int | None = None, bin
     return 0.5 * (edges[:-1] + edges[1:]), counts, np.diff(edges)
 
 
-@jax.jit
+@jit
 def intensity_moments(m, v):
     """Mean and variance of the intensity ``λ = e^f`` for ``f ~ N(m, v)`` (lognormal), as JAX
     arrays of the shape of ``m`` and ``v`` (one compiled program per shape)."""

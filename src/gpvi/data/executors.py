@@ -39,6 +39,7 @@ from gpvi.objective import sparse_envelope_expected, sparse_envelope_kl
 from gpvi.objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, Chunks, Objective, Sums, expected_pass, data_pass, add_partials, expected_in_hyperparameters, finish_sums, num_blocks, split_rows
 from gpvi.data.sources import Source
 from gpvi._watchdog import paused
+from gpvi._compile import jit
 
 __all__ = ["InProcess", "DaskExecutor", "BlockObjective", "resolve_executor", "block_layout"]
 
@@ -76,13 +77,13 @@ def _no_proj(chunks):
     return jnp.zeros(chunks.X.shape[:1] + (0,))
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks", "want_hessian", "clip_gamma"))
+@partial(jit, static_argnames=("cached", "blocks", "want_hessian", "clip_gamma"))
 def _block_sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma):
     proj = proj if cached else _no_proj(chunks)
     return data_pass(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma)
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
+@partial(jit, static_argnames=("cached", "blocks"))
 def _block_expected(model, prior, chunks, proj, state, cached, blocks):
     proj = proj if cached else _no_proj(chunks)
     return expected_pass(model, prior, chunks, proj, state, cached, blocks)
@@ -103,10 +104,10 @@ def _neg_sparse_kl(theta, template, state):
     return -sparse_envelope_kl(unflatten_params(template, theta), state)
 
 
-_sparse_kl_and_grad = jax.jit(jax.value_and_grad(_neg_sparse_kl))
+_sparse_kl_and_grad = jit(jax.value_and_grad(_neg_sparse_kl))
 
 
-_block_hyper = jax.jit(jax.value_and_grad(_expected_from_theta), static_argnames=("blocks",))
+_block_hyper = jit(jax.value_and_grad(_expected_from_theta), static_argnames=("blocks",))
 
 
 def block_partial(kind, chunks, proj, arrays, statics):
@@ -123,7 +124,7 @@ def block_partial(kind, chunks, proj, arrays, statics):
     return _block_hyper(theta, template, prior_X, chunks, state, blocks)
 
 
-@partial(jax.jit, static_argnames=("blocks",))
+@partial(jit, static_argnames=("blocks",))
 def _project(model, prior, chunk_X, blocks):
     pcache = model.pass_cache(prior)
 
@@ -371,7 +372,7 @@ def resolve_executor(executor):
                      f"or a gpvi.data.executors executor; got {executor!r}")
 
 
-@jax.jit
+@jit
 def _prior(model, X):
     from gpvi.objective import all_finite
 
@@ -379,7 +380,7 @@ def _prior(model, X):
     return prior, all_finite(prior)
 
 
-_finish = jax.jit(finish_sums, static_argnames=("blocks", "want_hessian"))
+_finish = jit(finish_sums, static_argnames=("blocks", "want_hessian"))
 
 
 class BlockObjective(Objective):

@@ -16,6 +16,7 @@ from gpvi.objective import Objective, State, Sums
 from gpvi.objective.newton import coupled_direction
 from gpvi.objective.state import per_latent_products
 from gpvi._watchdog import paused
+from gpvi._compile import jit
 
 
 @dataclasses.dataclass
@@ -180,7 +181,7 @@ def _clean_gap(gap):
     return jnp.where(jnp.isfinite(gap), jnp.maximum(gap, 0.0), jnp.inf)
 
 
-@jax.jit
+@jit
 def estimated_gap(state: State, grad, S, trSV=None):
     if grad.ndim == 2:  # Q latent blocks (gpvi.models.multilatent): the gaps of the blocks add up
         gaps, RH = map_latents(_estimated_gap, state, grad, S, trSV)
@@ -278,7 +279,7 @@ def flip(X):
     return X[::-1, ::-1]
 
 
-@jax.jit
+@jit
 def precision_chol(S):
     """Reversed Cholesky factor (see :func:`reversed_chol`) of ``H = I − S``, the
     fixed-point target precision; NaN if H is not positive definite.  ``S`` (Q, d, d): one
@@ -288,7 +289,7 @@ def precision_chol(S):
     return reversed_chol(jnp.eye(S.shape[0], dtype=S.dtype) - S)
 
 
-@jax.jit
+@jit
 def precision_and_inverse(S):
     """``(RH, RH⁻¹)``: :func:`precision_chol` of ``S`` (Q, d, d) and the inverses of its factors
     (:func:`tri_inv`, per latent block).  The coupled-latent step needs ``H⁻¹`` applied to
@@ -300,7 +301,7 @@ def precision_and_inverse(S):
     return RH, map_latents(tri_inv, RH)
 
 
-@jax.jit
+@jit
 def natural_step(state: State, grad, RH, alpha, update_mean=True, update_cov=True, direction=None, RH_inv=None,
                  S=None):
     """One natural-gradient step of size ``alpha`` on ``q(w) = N(m, V)``.
@@ -383,7 +384,7 @@ def _mean_step(state: State, grad, R, alpha, update_mean, direction=None):
                         lambda: state.mean)
 
 
-@jax.jit
+@jit
 def target_and_step(state: State, grad, S, alpha, update_mean=True, update_cov=True, trSV=None):
     """:func:`precision_chol` of ``S``, the :func:`estimated_gap` at ``state`` and the
     :func:`natural_step` from it, in one compiled call (the first proposal of every iteration;
@@ -416,7 +417,7 @@ def _undamped_step(state: State, grad, RH, alpha, update_mean, update_cov, direc
     return State(mean, chol)
 
 
-@jax.jit
+@jit
 def _coupled_gap(state: State, RH, mean_gain, trSV=None):
     """:func:`estimated_gap` of Q coupled latent blocks: the gain ``mean_gain`` of the joint
     Newton step of the means (:meth:`gpvi.objective.Objective.newton_direction`) plus the
@@ -425,7 +426,7 @@ def _coupled_gap(state: State, RH, mean_gain, trSV=None):
     return _clean_gap(mean_gain + jnp.sum(per_latent_products(_covariance_gap, True, state, RH, trSV)))
 
 
-@jax.jit
+@jit
 def _in_memory_coupled_target(model, chunks, proj, state: State, grad, S, rows_h, trSV, rtol, alpha,
                               update_mean, update_cov):
     """:func:`coupled_target` of an in-memory :class:`~gpvi.objective.Objective` in one compiled
@@ -445,7 +446,7 @@ def _in_memory_coupled_target(model, chunks, proj, state: State, grad, S, rows_h
     return RH, d, _coupled_gap(state, RH, mean_gain, trSV), RH_inv, jnp.all(jnp.isfinite(RH)), prop
 
 
-@jax.jit
+@jit
 def _preconditioner_factors(state: State, RH, update_cov):
     """The factors ``P`` (Q, d, d) of the coupled direction's preconditioner (see
     :func:`coupled_target`): ``RH⁻¹`` for a step that moves the covariance, else ``J Lᵀ J`` of
@@ -490,7 +491,7 @@ def coupled_target(objective, state: State, grad, S, rows_h=None, trSV=None, ste
     return RH, d, float(_coupled_gap(state, RH, mean_gain, trSV)), RH_inv, None
 
 
-@jax.jit
+@jit
 def state_from_precision_chol(mean, R):
     """``State(mean, chol V)`` with ``V = (R Rᵀ)⁻¹`` for a lower-triangular precision factor
     ``R`` in the usual order (the dual and Laplace engines' final states)."""

@@ -14,6 +14,7 @@ from gpvi.objective import Chunks, Objective, State, vlb_in_hyperparameters
 from gpvi.data.stream import Stream, StreamObjective, from_arrays
 from gpvi._watchdog import paused
 from gpvi.engines._common import STOPPED, EngineResult, Progress, call_on_state, check_on_state
+from gpvi._compile import jit
 
 DEFAULT_BATCH = 1024
 
@@ -150,7 +151,7 @@ class EpochClock:
         return self.rows_done / t if t > 0 else float("nan")
 
 
-_full_vlb = jax.jit(vlb_in_hyperparameters, static_argnames=("blocks",))
+_full_vlb = jit(vlb_in_hyperparameters, static_argnames=("blocks",))
 
 
 def full_vlb(objective: Objective | None, model, state: State):

@@ -65,6 +65,7 @@ from gpvi.objective import Objective, State, assemble_rows, marginals_stacked, s
 from gpvi.likelihoods.quadrature import gauss_hermite
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start, final_gap, gap_threshold, state_from_precision_chol
+from gpvi._compile import jit
 
 __all__ = ["bernoulli_conjugate", "dual_objective", "initial_dual", "recover_primal", "run"]
 
@@ -293,7 +294,7 @@ def bernoulli_conjugate(lik, a, g, vbar):
 # ---------------------------------------------------------------------------------------
 # The dual function and its gradient
 # ---------------------------------------------------------------------------------------
-@partial(jax.jit, static_argnames=("cached", "blocks", "kind"))
+@partial(jit, static_argnames=("cached", "blocks", "kind"))
 def _dual(model, prior, chunks, proj, alpha, gamma, cached, blocks, kind, dim0):
     """``(D, ∂D/∂α, ∂D/∂γ, m, R)`` for (C, n) dual variables; ``R = chol P``.
 
@@ -354,7 +355,7 @@ def _dual(model, prior, chunks, proj, alpha, gamma, cached, blocks, kind, dim0):
     return D, g_alpha, g_gamma, m, R
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
+@partial(jit, static_argnames=("cached", "blocks"))
 def _primal(model, prior, chunks, proj, alpha, gamma, cached, blocks, dim0):
     """``(m, R)`` with ``m = Σ α_i a_i``, ``R Rᵀ = P = I + Σ γ_i a_i a_iᵀ`` (no conjugates)."""
 
@@ -370,7 +371,7 @@ def _primal(model, prior, chunks, proj, alpha, gamma, cached, blocks, dim0):
     return m, jnp.linalg.cholesky(jnp.eye(dim) + assemble_gram(P, blocks))
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
+@partial(jit, static_argnames=("cached", "blocks"))
 def _marginal_moments(model, prior, chunks, proj, state, cached, blocks):
     """``(E, ρ, λ)`` per row (C, n) at ``state``'s marginals."""
     lik = model.likelihood

@@ -21,13 +21,14 @@ import scipy.optimize
 from gpvi.objective import Objective, State, as_device_array
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import NOT_FINITE_START, STOPPED, Clock, stopped_at_start, EngineResult, estimated_gap, final_gap, finite_start, gap_threshold
+from gpvi._compile import jit
 
 
 # A state of Q latent blocks (mean (Q, d), gpvi.models.multilatent) is packed block after block; the
 # single-latent layout is unchanged.  ``shape`` is the mean's shape.
 
 
-@partial(jax.jit, static_argnums=0)
+@partial(jit, static_argnums=0)
 def _unpack(shape, x):
     if len(shape) == 2:
         return jax.vmap(lambda xq: _unpack_one(shape[1], xq))(x.reshape(shape[0], -1))
@@ -40,7 +41,7 @@ def _unpack_one(d, x):
     return State(x[:d], C)
 
 
-@jax.jit
+@jit
 def _pack(state):
     if state.mean.ndim == 2:
         return jax.vmap(_pack_one)(state).reshape(-1)
@@ -53,7 +54,7 @@ def _pack_one(state):
     return jnp.concatenate([state.mean, state.chol[i, j]])
 
 
-@jax.jit
+@jit
 def _grad_vector(state, grad_m, S):
     if grad_m.ndim == 2:
         return jax.vmap(_grad_vector_one)(state, grad_m, S).reshape(-1)

@@ -59,6 +59,7 @@ from gpvi.objective import Objective, State
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start
 from gpvi.engines._stochastic import paper_step_size
+from gpvi._compile import jit
 
 __all__ = ["run", "minibatches", "step_size_at", "prepare_model"]
 
@@ -122,7 +123,7 @@ class _Prev(NamedTuple):
     old: jax.Array  # () tr(V_t⁻¹ − I) − M + m_tᵀV_t⁻¹m_t + log det V_t, the fixed part of KL(q‖q_t)
 
 
-@jax.jit
+@jit
 def _prev(model, state: State) -> _Prev:
     Z = jnp.asarray(model.inducing)
     _, LG, added, lz = _gram_chol(model)
@@ -206,10 +207,10 @@ def _neg_collapsed(theta, base, prev, batch, scale, gamma):
     return -_collapsed(unflatten_params(base, theta), prev, batch, scale, gamma)
 
 
-_neg_collapsed_and_grad = jax.jit(jax.value_and_grad(_neg_collapsed))
+_neg_collapsed_and_grad = jit(jax.value_and_grad(_neg_collapsed))
 
 
-@jax.jit
+@jit
 def _update(model, prev: _Prev, batch, scale, gamma):
     """The subproblem's optimal q(u) as a State, and the minibatch VLB estimate there."""
     Xb, yb, ob, mask = batch

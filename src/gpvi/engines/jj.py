@@ -66,6 +66,7 @@ from gpvi.engines._common import (STOPPED, Clock, EngineResult, Progress, call_o
                                  final_gap, flip, gap_threshold, reversed_chol, target_and_step)
 from gpvi._linalg import tri_inv
 from gpvi._watchdog import paused
+from gpvi._compile import jit
 
 __all__ = ["run_jj", "run_taylor", "run_hybrid", "run_full", "learn", "collapsed_bound",
            "surrogate_objective", "SUPPORTED"]
@@ -115,7 +116,7 @@ def with_model(objective: Objective, model) -> Objective:
     return new
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
+@partial(jit, static_argnames=("cached", "blocks"))
 def _marginals(model, prior, chunks, proj, state, cached, blocks):
     """Latent means and variances ``(C, n)`` of every row (padding rows included)."""
     W = stacked_state(state)
@@ -134,7 +135,7 @@ def marginals(objective: Objective, state: State):
                       objective.cached, objective.blocks)
 
 
-_optimal_xi = jax.jit(optimal_xi, static_argnums=0)  # (eagerly: three small programs per shape)
+_optimal_xi = jit(optimal_xi, static_argnums=0)  # (eagerly: three small programs per shape)
 
 
 def analytic_xi(objective: Objective, state: State, kind: str):
@@ -174,7 +175,7 @@ def collapsed_bound(model, X, chunks, xi, kind: str):
     return value, (g, R)
 
 
-@jax.jit
+@jit
 def state_from_collapsed(g, R) -> State:
     """The maximiser ``q* = N(P⁻¹ g, P⁻¹)`` from :func:`collapsed_bound`'s ``(g, R)``."""
     z = solve_triangular(R, g[::-1], lower=True)
@@ -187,9 +188,9 @@ def _neg_collapsed(theta, xi, model, X, chunks, kind):
     return -value, aux
 
 
-_neg_collapsed_and_grad = jax.jit(jax.value_and_grad(_neg_collapsed, argnums=(0, 1), has_aux=True),
+_neg_collapsed_and_grad = jit(jax.value_and_grad(_neg_collapsed, argnums=(0, 1), has_aux=True),
                                   static_argnames=("kind",))
-_true_vlb = jax.jit(vlb_in_hyperparameters)
+_true_vlb = jit(vlb_in_hyperparameters)
 
 
 # ---- clock with off-clock evaluations ----------------------------------------------------------

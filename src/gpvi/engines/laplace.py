@@ -60,6 +60,7 @@ from gpvi.models.base import check_X
 from gpvi.objective import DEFAULT_CHUNK, Chunks, Objective, State, assemble_gram, block_gram, block_vecmat, chunk_projection, make_chunks, num_blocks, zero_gram
 from gpvi.engines.registry import Engine
 from gpvi.engines._common import STOPPED, Clock, EngineResult, stopped_at_start, is_finite, converged_change, state_from_precision_chol
+from gpvi._compile import jit
 
 __all__ = ["check_learned_hyperparameters", "find_mode", "laplace_log_marginal", "laplace_log_marginal_at", "run"]
 
@@ -131,12 +132,12 @@ def _chol_precision(S):
     return jnp.linalg.cholesky(0.5 * (H + H.T))
 
 
-@jax.jit
+@jit
 def _psi(lp, w):
     return lp - 0.5 * w @ w
 
 
-@jax.jit
+@jit
 def _state_at(w, S):
     """``(N(w, H⁻¹), chol H)`` for ``H = I − S`` as one compiled program (NaNs where H is not
     positive definite); eagerly these were about a dozen small programs per problem size."""
@@ -182,17 +183,17 @@ def _newton_step(model, prior, chunks, proj, w, sums, cached, blocks):
     return w_new, jnp.where(good, psi_new, psi), alpha, dec
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks", "clip"))
+@partial(jit, static_argnames=("cached", "blocks", "clip"))
 def _sums_jit(model, prior, chunks, proj, w, cached, blocks, clip):
     return _data_sums(model, prior, chunks, proj, w, cached, blocks, True, clip)
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
+@partial(jit, static_argnames=("cached", "blocks"))
 def _step_jit(model, prior, chunks, proj, w, sums, cached, blocks):
     return _newton_step(model, prior, chunks, proj, w, sums, cached, blocks)
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks", "max_iter"))
+@partial(jit, static_argnames=("cached", "blocks", "max_iter"))
 def _find_mode_jit(model, prior, chunks, proj, w0, tol, cached, blocks, max_iter):
     sums0 = _data_sums(model, prior, chunks, proj, w0, cached, blocks, True, True)
 
@@ -352,7 +353,7 @@ def laplace_log_marginal_at(model, X, chunks: Chunks, mode, clip: bool = False):
     return _log_marginal_jit(model, jnp.asarray(X), chunks, jnp.asarray(mode), clip)
 
 
-@partial(jax.jit, static_argnames=("clip",))
+@partial(jit, static_argnames=("clip",))
 def _log_marginal_jit(model, X, chunks, mode, clip):
     prior = model.prior_cache(X)
     w0 = jax.lax.stop_gradient(mode)
@@ -377,7 +378,7 @@ def find_mode(model, X, chunks: Chunks, *, w0=None, tol: float = 1e-10, max_iter
     return _find_mode_from_scratch(model, Xj, chunks, w0, jnp.asarray(tol, jnp.float64), int(max_iter))
 
 
-@partial(jax.jit, static_argnames=("max_iter",))
+@partial(jit, static_argnames=("max_iter",))
 def _find_mode_from_scratch(model, X, chunks, w0, tol, max_iter):
     model, w0 = jax.lax.stop_gradient((model, w0))
     prior = model.prior_cache(X)

@@ -49,6 +49,7 @@ from gpvi._linalg import tri_inv
 from gpvi.engines._common import natural_step, precision_chol
 from gpvi.engines._stochastic import (DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive,
                                       paper_step_size, setup, step_limit)
+from gpvi._compile import jit
 
 
 class AdaptiveSchedule:
@@ -109,7 +110,7 @@ def _gamma_value(gamma, t):
     return g
 
 
-@jax.jit
+@jit
 def natural_gradient(state: State, grad, S):
     """``(ĥ − h, Λ̂ − Λ)`` flattened: the natural gradient of the adaptive rule, from the
     (scaled) sums at ``state``; Λ = V⁻¹, Λ̂ = I − S, h = Λm, ĥ = Λ̂m + grad."""
@@ -145,23 +146,23 @@ def _adam_update(theta, opt_state, g, rate, opt):
     return new, opt_state, ok
 
 
-@partial(jax.jit, static_argnames=("opt", "blocks"))
+@partial(jit, static_argnames=("opt", "blocks"))
 def _hyper_step(theta, opt_state, model, batch, state, scale, rate, opt, blocks):
     g = jax.grad(_neg_bound)(theta, model, batch, state, scale, blocks)
     return _adam_update(theta, opt_state, g, rate, opt)
 
 
-_prior = jax.jit(lambda model, X: model.prior_cache(X))
-_pass_cache = jax.jit(lambda model, prior: model.pass_cache(prior))
+_prior = jit(lambda model, X: model.prior_cache(X))
+_pass_cache = jit(lambda model, prior: model.pass_cache(prior))
 
 
-@partial(jax.jit, static_argnames=("blocks",))
+@partial(jit, static_argnames=("blocks",))
 def _batch_bound(model, prior, batch, state, scale, blocks):
     """The minibatch estimate of the VLB at ``state`` (no derivatives): the safeguard's test."""
     return minibatch_vlb(model, batch, state, scale, blocks, prior=prior)
 
 
-@partial(jax.jit, static_argnames=("blocks", "safeguard"))
+@partial(jit, static_argnames=("blocks", "safeguard"))
 def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pcache=None, proj=None):
     """The usual step in one compiled call (one host round trip): the scaled sums at ``state``,
     the factor of ``I − Ŝ``, the proposal at ``gamma`` and, with ``safeguard``, the batch's bound
@@ -189,7 +190,7 @@ def _features(theta, base, X):
     return (*mdl.caches(X), mdl.raw_features(X))
 
 
-@partial(jax.jit, static_argnames=("blocks", "safeguard", "opt"))
+@partial(jit, static_argnames=("blocks", "safeguard", "opt"))
 def _fused_learning_step(theta, opt_state, base, batch, state, scale, gamma, rate, blocks, safeguard, opt):
     """:func:`_fused_step` at the hyperparameters ``theta`` and, at its proposal,
     :func:`_hyper_step`, in one compiled call (one host round trip instead of two).  The θ step
@@ -373,7 +374,7 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
 
 
 
-@jax.jit
+@jit
 def assumed_density_step(state: State, grad, S):
     """One online (assumed-density / streaming-VB) update of ``q`` by a batch whose *unscaled*
     sums at ``state`` are ``grad = Σ_b ρ_i a_i − m`` and ``S = Σ_b λ_i a_i a_iᵀ`` (γ clipped at 0):

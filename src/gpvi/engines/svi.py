@@ -25,6 +25,7 @@ from gpvi.objective import Objective, State, minibatch_vlb, num_blocks
 from gpvi.engines.registry import Engine
 from gpvi.data.stream import StreamObjective
 from gpvi.engines._stochastic import EpochClock, check_positive_float, check_positive_int, drive, setup, step_limit
+from gpvi._compile import jit
 
 OPTIMIZERS = ("adadelta", "adam")
 DEFAULT_RATES = {"adadelta": 1.0, "adam": 0.01}
@@ -40,7 +41,7 @@ def _optimizer(name, rate):
     return optax.adam(learning_rate=rate)
 
 
-_prior_cache = jax.jit(lambda m: m.prior_cache(None))
+_prior_cache = jit(lambda m: m.prior_cache(None))
 
 
 def _negative_bound(params, model, names, batch, scale, prior, blocks):
@@ -52,7 +53,7 @@ def _negative_bound(params, model, names, batch, scale, prior, blocks):
     return -minibatch_vlb(model, batch, state, scale, blocks, prior=prior)
 
 
-@partial(jax.jit, static_argnames=("names", "opt", "blocks"))
+@partial(jit, static_argnames=("names", "opt", "blocks"))
 def _step(params, opt_state, model, names, batch, scale, prior, opt, blocks):
     val, g = jax.value_and_grad(_negative_bound)(params, model, names, batch, scale, prior, blocks)
     g = (g[0], jnp.tril(g[1]), g[2])

@@ -35,7 +35,7 @@ import numpy as np
 import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 
-from gpvi._compile import bucket
+from gpvi._compile import bucket, jit
 from gpvi._module import flatten_params, ravel_params, ravel_values, unflatten_params
 from gpvi.likelihoods import Gaussian
 from gpvi.engines import Progress
@@ -122,8 +122,8 @@ def _negative(theta, model, data):
     return -_bound(unflatten_params(model, theta), data)
 
 
-_value_and_grad = jax.jit(jax.value_and_grad(_negative))
-_value = jax.jit(_bound)
+_value_and_grad = jit(jax.value_and_grad(_negative))
+_value = jit(_bound)
 
 
 def _padded_data(model, X, y, offset, chunk_size):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import time
 
-import jax
 import numpy as np
 
 from gpvi.fitting import hyper
@@ -26,6 +25,7 @@ from gpvi.objective import DEFAULT_CACHE_BYTES, DEFAULT_CHUNK, State, as_device_
 from gpvi.priors import LogPrior
 from gpvi._module import flatten_params
 from gpvi._watchdog import watched
+from gpvi._compile import jit
 
 __all__ = ["fit", "FitResult", "learnable_parameters"]
 
@@ -185,7 +185,7 @@ def fit(model: Model, X, y=None, *, engine: str = "fpi", learn_hyperparameters=F
     return _result(problem, runner, outcome)
 
 
-_prior_cache = jax.jit(lambda model, X: model.prior_cache(X))
+_prior_cache = jit(lambda model, X: model.prior_cache(X))
 
 
 def _result(problem: Problem, runner: Runner, outcome: hyper.Outcome) -> FitResult:

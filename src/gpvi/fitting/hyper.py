@@ -45,6 +45,7 @@ from gpvi.likelihoods.softmax import Softmax
 from gpvi.models.base import SparseGP
 from gpvi.objective import (as_device_array, full_gp_latents, make_chunks, pads_rows, prior_inputs, sparse_envelope,
                             vlb_envelope, vlb_in_hyperparameters)
+from gpvi._compile import jit
 
 __all__ = ["Outcome", "choose", "fixed", "profile", "on_collapsed_bound", "joint", "engine_owned",
            "profile_search", "neg_vlb", "neg_vlb_and_grad", "neg_envelope", "neg_envelope_grad",
@@ -211,7 +212,7 @@ def neg_vlb(theta, model, X, chunks, state):
     return -vlb_in_hyperparameters(unflatten_params(model, theta), X, chunks, state)
 
 
-neg_vlb_and_grad = jax.jit(jax.value_and_grad(neg_vlb))
+neg_vlb_and_grad = jit(jax.value_and_grad(neg_vlb))
 
 
 def neg_envelope(theta, model, prior, chunks, state, proj, blocks, likelihood):
@@ -220,7 +221,7 @@ def neg_envelope(theta, model, prior, chunks, state, proj, blocks, likelihood):
     return -vlb_envelope(unflatten_params(model, theta), prior, chunks, state, blocks, proj, likelihood)
 
 
-neg_envelope_grad = jax.jit(jax.grad(neg_envelope), static_argnames=("blocks", "likelihood"))
+neg_envelope_grad = jit(jax.grad(neg_envelope), static_argnames=("blocks", "likelihood"))
 
 
 def neg_sparse_envelope(theta, model, chunks, state):
@@ -229,7 +230,7 @@ def neg_sparse_envelope(theta, model, chunks, state):
     return -sparse_envelope(unflatten_params(model, theta), chunks, state)
 
 
-neg_sparse_envelope_and_grad = jax.jit(jax.value_and_grad(neg_sparse_envelope))
+neg_sparse_envelope_and_grad = jit(jax.value_and_grad(neg_sparse_envelope))
 
 
 def neg_laplace(theta, model, X, chunks, mode, clip=False):
@@ -237,7 +238,7 @@ def neg_laplace(theta, model, X, chunks, mode, clip=False):
     return -laplace_log_marginal_at(unflatten_params(model, theta), X, chunks, mode, clip)
 
 
-neg_laplace_and_grad = jax.jit(jax.value_and_grad(neg_laplace), static_argnames=("clip",))
+neg_laplace_and_grad = jit(jax.value_and_grad(neg_laplace), static_argnames=("clip",))
 
 
 #: Loosest relative tolerance of the inner engine runs of the hyperparameter search (see

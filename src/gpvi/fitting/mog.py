@@ -57,6 +57,7 @@ from gpvi.fitting.problem import learnable_parameters
 from gpvi.fitting.runner import progress_callback
 from gpvi.models.base import GP, check_X, cholesky
 from gpvi.likelihoods.base import as_array
+from gpvi._compile import jit
 
 __all__ = ["fit_mog", "MoGResult", "latent_gps", "entropy_lower_bound", "mixture_entropy_1d2d"]
 
@@ -128,7 +129,7 @@ def _prior_factors(model, X):
     return out
 
 
-@jax.jit
+@jit
 def _prior_terms(model, X):
     """What a fit needs of the prior on the training inputs ``X``, as one compiled program (a
     fresh process otherwise traces, lowers and loads a small program for every eager operation of
@@ -137,7 +138,7 @@ def _prior_terms(model, X):
     return _prior_factors(model, X), jnp.stack([lat.kernel.diag(X) for lat in latent_gps(model)])
 
 
-@jax.jit
+@jit
 def _conditional(model, Xt, Xs, means, variances):
     """Each component's GP conditional at ``Xs`` from its marginals ``means``, ``variances`` (K,
     Q, N) at the training inputs ``Xt``: two (K, Q, n) arrays (one compiled program per shape of
@@ -192,7 +193,7 @@ def _negative_bound(x, model, X, y, factors, *, K, names):
 
 # one compiled program per model structure, shapes, K and learned names, shared by the fits
 # (a function made inside each fit was lowered again in every fit)
-_negative_bound_and_grad = jax.jit(jax.value_and_grad(_negative_bound), static_argnames=("K", "names"))
+_negative_bound_and_grad = jit(jax.value_and_grad(_negative_bound), static_argnames=("K", "names"))
 
 
 @dataclasses.dataclass(kw_only=True, repr=False)  # FitResult's short repr, not the arrays

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -16,6 +15,7 @@ from gpvi.fitting.predict import latent_moments, likelihood_call
 from gpvi.fitting.problem import check_offset, learnable_parameters
 from gpvi.models.base import Model, check_X
 from gpvi.objective import DEFAULT_CHUNK, State
+from gpvi._compile import jit
 
 __all__ = ["FitResult", "effective_jitter", "SUMMARY_MAX_PARAMETERS"]
 
@@ -313,7 +313,7 @@ def _single_mean_cov(model, prior, mean, chol, X):
     return mean @ At + b, 0.5 * (cov + cov.T)
 
 
-@jax.jit
+@jit
 def _latent_mean_cov(model, prior, state, X):
     """Mean and full covariance of the latent(s) at ``X`` (see :meth:`FitResult.predict_f_cov`)."""
     if state.mean.ndim == 2:  # Q latent blocks

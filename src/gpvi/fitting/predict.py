@@ -9,6 +9,7 @@ import numpy as np
 
 from gpvi._batching import map_latents
 from gpvi.objective import State, make_chunks
+from gpvi._compile import jit
 
 __all__ = ["latent_moments", "likelihood_call"]
 
@@ -21,7 +22,7 @@ def _chunk_moments(mean, chol, At, b, c, oc):
     return mean @ At + b + oc, c + jnp.sum((V @ At) * At, 0)
 
 
-@jax.jit
+@jit
 def _moments(model, prior, state, X, offset):
     def one(args):
         Xc, oc = args
@@ -49,7 +50,7 @@ def latent_moments(model, prior, state: State, X, offset=None, chunk_size: int =
     return np.asarray(m).reshape((-1,) + tail)[:N], np.asarray(v).reshape((-1,) + tail)[:N]
 
 
-@partial(jax.jit, static_argnames=("method",))
+@partial(jit, static_argnames=("method",))
 def likelihood_call(likelihood, method: str, *args):
     """``likelihood.<method>(*args)``, compiled as one program.
 

@@ -20,6 +20,7 @@ from gpvi.models.multilatent import MultiLatent
 from gpvi.objective import Chunks, Objective, State, minibatch_sums, num_blocks, prior_state
 from gpvi.data.stream import StreamObjective, as_stream
 from gpvi._watchdog import watched
+from gpvi._compile import jit
 
 __all__ = ["fit_stream", "update", "as_sparse", "stream_engines"]
 
@@ -28,7 +29,7 @@ def stream_engines() -> list[str]:
     """The registered engines that :func:`fit_stream` can drive (``Engine.streams``)."""
     return _engines.names(streams=True)
 
-_prior_cache = jax.jit(lambda model, X: model.prior_cache(X))
+_prior_cache = jit(lambda model, X: model.prior_cache(X))
 
 
 def _stream_progress(total_rows):

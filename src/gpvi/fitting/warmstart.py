@@ -20,7 +20,6 @@ all latents share one prior factor).
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
@@ -30,6 +29,7 @@ from gpvi.models.base import GLM, GP, SparseGP
 from gpvi.models.multilatent import MultiLatent
 from gpvi.objective import State
 from gpvi._linalg import lower_matmul
+from gpvi._compile import jit
 
 __all__ = ["carry"]
 
@@ -59,10 +59,10 @@ def _carry_one(L_old, L_new, mu_old, mu_new, state):
     return State(T @ state.mean + shift, lower_matmul(T, state.chol))
 
 
-_carry = jax.jit(_carry_one)
+_carry = jit(_carry_one)
 
 
-@jax.jit
+@jit
 def _carry_latents(L_old, L_new, mu_old, mu_new, state):
     """:func:`_carry_one` latent by latent, in one compiled call: the factors and means are
     tuples over the latents and ``state`` is stacked.  (Mapped eagerly, the slicing and
@@ -72,7 +72,7 @@ def _carry_latents(L_old, L_new, mu_old, mu_new, state):
     return map_latents(_carry_one, Lo, Ln, mo, mn, state)
 
 
-@jax.jit
+@jit
 def _carry_shared(L_old, L_new, mu_old, mu_new, state):
     """:func:`_carry_one` for latents that all share one prior factor (one kernel for all
     classes, or tied parameters): ``T = L_new⁻¹ L_old`` and ``L_new⁻¹ 1`` from one solve for all

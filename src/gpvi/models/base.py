@@ -34,6 +34,7 @@ from gpvi._module import Module, is_tracer, param, positional, static
 from gpvi.kernels import Kernel, same_rows
 from gpvi.likelihoods import Likelihood
 from gpvi.likelihoods.base import as_array, is_real_dtype
+from gpvi._compile import jit
 
 __all__ = ["Model", "GLM", "GP", "SparseGP", "cholesky", "kl_standard_normal"]
 
@@ -426,14 +427,14 @@ class SparseGP(Model):
 # SparseGP.relative_jitter's arithmetic as compiled programs: eagerly, its K_ZZ, scale and sums
 # were about ten small programs in every fresh process that fits a sparse GP (each traced,
 # lowered and compiled or loaded), nearly half of those of the default estimators' first fits.
-@jax.jit
+@jit
 def _inducing_added_jitter(model, L):
     """``(s, mean of diag(L Lᵀ) − diag K_ZZ)`` for the factor ``L`` of ``K_ZZ + j·s·I``."""
     K = model.kernel.inducing_cov(jnp.asarray(model.inducing))
     return jitter_scale(K), jnp.mean(jnp.sum(L * L, axis=1) - jnp.diag(K))
 
 
-@jax.jit
+@jit
 def _inducing_refactorised_jitter(model):
     """``(s, j·s)`` of :func:`cholesky` of ``K_ZZ`` factorised again."""
     K = model.kernel.inducing_cov(jnp.asarray(model.inducing))

@@ -12,6 +12,7 @@ from gpvi.models.base import GLM, SparseGP
 from gpvi.objective.state import Chunks, DEFAULT_CHUNK
 from gpvi.objective.blocks import trim_triangular, split_rows
 from gpvi.objective.passes import all_finite
+from gpvi._compile import jit
 
 
 def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK, bucketed: bool = False) -> Chunks:
@@ -49,7 +50,7 @@ def make_chunks(X, y=None, offset=None, chunk_size: int = DEFAULT_CHUNK, buckete
 
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
+@partial(jit, static_argnames=("cached", "blocks"))
 def chunk_setup(model, X, chunk_X, cached, blocks):
     """The prior cache, whether it is finite, and (``cached``) the projections of all chunks in
     row blocks — one compiled program for everything an :class:`Objective` precomputes."""

@@ -10,6 +10,7 @@ from gpvi.models.base import factored, kl_standard_normal
 from gpvi.objective.state import Chunks, DEFAULT_CHUNK, State, Sums, is_batched
 from gpvi.objective.blocks import (assemble_gram, block_gram, block_matvec, marginals_stacked, pass_projection,
                                    column_quadratic, raw_moments, stacked_state, zero_gram)
+from gpvi._compile import jit
 
 
 # ---- one minibatch, scaled (the stochastic engines: sfp, svi) ----------------------------------
@@ -63,7 +64,7 @@ def _batch_data_sums(model, prior, batch: Chunks, W, blocks: int, want_hessian: 
     return jnp.sum(E), Arho, P
 
 
-@partial(jax.jit, static_argnames=("blocks", "want_hessian", "clip_gamma"))
+@partial(jit, static_argnames=("blocks", "want_hessian", "clip_gamma"))
 def minibatch_sums(model, prior, batch: Chunks, state: State, scale, blocks: int = 1,
                    want_hessian: bool = True, clip_gamma: bool = False, proj=None) -> Sums:
     """Unbiased estimates of the fields of :class:`Sums` from one minibatch.

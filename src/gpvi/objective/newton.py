@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from gpvi.objective.state import per_latent_products
 from gpvi.objective.blocks import block_edges, block_matvec, block_vecmat, marginals_stacked, stacked_state
+from gpvi._compile import jit
 
 
 #: Rows per block of the triangular factors in :func:`inverse_precision_operator`.
@@ -38,7 +39,7 @@ def inverse_precision_operator(RH_inv, rows: int = PRECOND_BLOCK_ROWS):
     return apply
 
 
-@partial(jax.jit, static_argnames=("max_iter",))
+@partial(jit, static_argnames=("max_iter",))
 def coupled_direction(model, chunks, proj, state, grad, RH_inv, rows_h=None, max_iter=200, rtol=1e-3):
     """The Newton direction ``d = Ĥ⁻¹ g`` of the VLB in the means of all Q latent blocks at once,
     and the gain it predicts, ``½ gᵀĤ⁻¹g`` (the mean's share of the estimated gap).

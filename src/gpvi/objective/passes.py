@@ -11,6 +11,7 @@ from gpvi.models.base import factored
 from gpvi.objective.state import Sums, is_batched, kl_state, per_latent_products
 from gpvi.objective.blocks import (assemble_gram, block_gram, block_matvec, marginals_stacked, pass_projection,
                                    raw_marginals, raw_operator, split_gram, split_rows, stacked_state, zero_gram)
+from gpvi._compile import jit
 
 
 def latent_moments_of_rows(lik, y, m, v, batched: bool, need_moments: bool = True, hessians: bool = False):
@@ -164,7 +165,7 @@ def add_partials(parts):
     return parts[0]
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks", "want_hessian", "clip_gamma", "want_rows"))
+@partial(jit, static_argnames=("cached", "blocks", "want_hessian", "clip_gamma", "want_rows"))
 def data_sums(model, prior, chunks, proj, state, cached, blocks, want_hessian, clip_gamma=False, want_rows=False):
     """:class:`Sums` over all chunks: ``(VLB, Σ ρ_i a_i − m, Σ λ_i a_i a_iᵀ)``, with
     ``want_hessian`` also ``tr(S V)``, and with ``want_rows`` the rows' curvatures in the means."""
@@ -188,7 +189,7 @@ def expected_pass(model, prior, chunks, proj, state, cached, blocks):
     return sE
 
 
-@partial(jax.jit, static_argnames=("cached", "blocks"))
+@partial(jit, static_argnames=("cached", "blocks"))
 def expected_vlb(model, prior, chunks, proj, state, cached, blocks):
     """The VLB only (no derivatives)."""
     return expected_pass(model, prior, chunks, proj, state, cached, blocks) - kl_state(state)
