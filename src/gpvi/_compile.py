@@ -50,6 +50,7 @@ The persistent cache is bounded and never noisy:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -86,11 +87,36 @@ _FUSION_EMITTERS_FLAG = "xla_cpu_use_fusion_emitters"
 COMPILER_OPTIONS = {_FUSION_EMITTERS_FLAG: False}
 
 
+try:  # whether JAX is tracing a function (jax 0.10; private, hence the fallback)
+    from jax._src.core import trace_state_clean as _top_level
+except ImportError:  # pragma: no cover - another JAX: gpvi's programs compile with XLA's defaults
+    _top_level = None
+
+
 def compiler_options() -> dict:
     """The XLA options :func:`jit` compiles with: :data:`COMPILER_OPTIONS`, less any option the
     user has set in the ``XLA_FLAGS`` environment variable (their setting is kept)."""
+    if _top_level is None:
+        return {}
     flags = os.environ.get("XLA_FLAGS", "")
     return {k: v for k, v in COMPILER_OPTIONS.items() if f"--{k}" not in flags}
+
+
+class _Jitted:
+    """A function compiled by :func:`jit` with compiler options.  JAX refuses options on a jitted
+    function called while it traces another one (the inner function is inlined into the outer
+    program, which has the options), so such calls go to the same function jitted without
+    them.  Attributes (``lower``, ``_cache_size``, ...) are those of the top-level version."""
+
+    def __init__(self, fun, top, nested):
+        self._top, self._nested = top, nested
+        functools.update_wrapper(self, fun)
+
+    def __call__(self, *args, **kwargs):
+        return (self._top if _top_level() else self._nested)(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._top, name)
 
 
 def jit(fun=None, **kwargs):
@@ -98,11 +124,14 @@ def jit(fun=None, **kwargs):
 
     Use it as ``jax.jit`` is used: ``@jit``, ``@partial(jit, static_argnames=...)`` or
     ``jit(f)``.  Options given in ``compiler_options`` are added to gpvi's.  Only the outermost
-    compiled function's options matter (a jitted function called inside another is inlined)."""
+    compiled function's options matter: called inside another traced function, the function is
+    the plain ``jax.jit`` one (:class:`_Jitted`)."""
     if fun is None:
         return lambda f: jit(f, **kwargs)
-    kwargs["compiler_options"] = {**compiler_options(), **(kwargs.get("compiler_options") or {})}
-    return jax.jit(fun, **kwargs)
+    options = {**compiler_options(), **(kwargs.pop("compiler_options", None) or {})}
+    if not options:
+        return jax.jit(fun, **kwargs)
+    return _Jitted(fun, jax.jit(fun, compiler_options=options, **kwargs), jax.jit(fun, **kwargs))
 
 
 # The ladder: 16 · 2^(k/4) rows rounded up to a multiple of 8.
