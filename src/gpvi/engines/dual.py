@@ -56,7 +56,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 from jax.scipy.special import gammaln
 
@@ -407,6 +406,7 @@ class _Layout:
             self.bounds = None
         elif kind == "poisson":
             self.n_free = self.N
+            import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
             self.bounds = scipy.optimize.Bounds(np.full(self.N, _POISSON_GAMMA_MIN), np.full(self.N, np.inf))
         else:
             lo_a, hi_a = _A_EDGE, _a_max(lik)
@@ -414,6 +414,7 @@ class _Layout:
             a_lo = np.where(ya > 0, lo_a, -hi_a)
             a_hi = np.where(ya > 0, hi_a, -lo_a)
             self.n_free = 2 * self.N
+            import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
             self.bounds = scipy.optimize.Bounds(
                 np.concatenate([a_lo, np.zeros(self.N)]),
                 np.concatenate([a_hi, np.full(self.N, _gamma_max(lik))]))
@@ -593,6 +594,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         # progress (a huge first step can make later relative changes look tiny).
         for _ in range(20):
             D_start = cur["D"]
+            import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
             res = scipy.optimize.minimize(
                 fun, x, jac=True, method="L-BFGS-B", bounds=lay.bounds, callback=cb,
                 options={"maxiter": max(1, max_iter - counter["it"]), "maxfun": 20 * max_iter + 100,

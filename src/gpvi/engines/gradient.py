@@ -16,7 +16,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize
 
 from gpvi.objective import Objective, State, as_device_array
 from gpvi.engines.registry import Engine
@@ -137,6 +136,7 @@ def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: floa
         msg = f"estimated gap {cur['gap']:.3g} nats ≤ {cur['thr']:.3g}"
     else:
         for _ in range(20):
+            import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
             res = scipy.optimize.minimize(
                 fun, x, jac=True, method="L-BFGS-B", callback=cb,
                 options=dict(maxiter=max(1, max_iter - cur["it"]), maxfun=20 * max_iter + 100, ftol=ftol,

@@ -54,7 +54,6 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 
 from gpvi._module import flatten_params, ravel_params, ravel_values, unflatten_params
@@ -381,6 +380,7 @@ def _lbfgsb_step(fn, x, max_fun: int):
     """One L-BFGS-B step of :func:`learn`: at most ``max_fun`` evaluations of ``fn``, from ``x``;
     the step's result is ``fn.best`` (the best point evaluated)."""
     try:
+        import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
         scipy.optimize.minimize(_capped(fn, max_fun), x, jac=True, method="L-BFGS-B",
                                 options=dict(maxfun=max_fun, maxiter=max_fun, ftol=0.0, gtol=0.0))
     except _BudgetSpent:
@@ -444,6 +444,7 @@ def learn(objective: Objective, state: State, names, *, engine: str = "jj", tol:
                 if clock.stopped:
                     raise StopIteration
 
+        import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
         out = scipy.optimize.minimize(fn, x, jac=True, method="L-BFGS-B", callback=record,
                                       options=dict(maxiter=int(max_iter), maxfun=10 * int(max_iter),
                                                    ftol=tol, gtol=1e-9))

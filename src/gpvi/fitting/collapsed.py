@@ -32,7 +32,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize
 from jax.scipy.linalg import solve_triangular
 
 from gpvi._compile import bucket, jit
@@ -209,6 +208,7 @@ def learn(model, names, X, y, offset, *, tol, max_rounds, chunk_size, t0, callba
         raise ValueError("the collapsed bound or its gradient is not finite at the starting hyperparameters "
                          f"{names}; check their values (or fit without learning them)")
     rows.append((time.perf_counter() - t0, bound(x0, f0)))
+    import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
     out = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=max_rounds, ftol=tol, gtol=1e-9, maxcor=memory(x0.size)))
     learned = unflatten_params(model, unravel(best[1]))

@@ -31,7 +31,6 @@ import numpy as np
 # Imported with gpvi, not lazily at the first search: loaded after JAX had started, scipy.optimize
 # (and the BLAS it brings) made the USPS 4-7-9 learned fit 1.15x slower (52-56 s against 45-48 s,
 # alternating fresh processes, 2026-11-28), for 0.2 s saved on `import gpvi`.
-import scipy.optimize
 
 from gpvi.fitting import collapsed, warmstart
 from gpvi.fitting.lbfgs import memory, stop_message
@@ -396,6 +395,7 @@ def profile_search(problem, runner, model, names, state, start=None):
         raise ValueError("the bound or its gradient in the hyperparameters is not finite at the starting "
                          f"hyperparameters {names}; check their values (or fit without learning them)")
     rows.append((time.perf_counter() - t0, traced(x0, f0)))
+    import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
     out = scipy.optimize.minimize(fun_once, x0, jac=True, method="L-BFGS-B", callback=record,
                                   options=dict(maxiter=problem.max_rounds, ftol=tol, gtol=1e-9, maxcor=memory(x0.size)))
     best_vlb, best_x, best_state = memo["best"]

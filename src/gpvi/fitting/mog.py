@@ -45,7 +45,6 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
-import scipy.optimize
 from jax.scipy.linalg import cho_solve, solve_triangular  # noqa: F401
 
 from gpvi._module import flatten_params, ravel_params, unflatten_params
@@ -382,9 +381,11 @@ def fit_mog(model, X, y, *, components: int = 1, learn_hyperparameters=False, ma
                 v, g = fun(np.concatenate([xq, x0[nv:]]))
                 return v, g[:nv]
 
+            import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
             rq = scipy.optimize.minimize(fun_q, x0[:nv], jac=True, method="L-BFGS-B", callback=on_iteration,
                                          options=opts)
             x0 = np.concatenate([rq.x, x0[nv:]])
+        import scipy.optimize  # (imported when needed: 0.4 s of `import gpvi`)
         res = scipy.optimize.minimize(fun, x0, jac=True, method="L-BFGS-B", callback=on_iteration, options=opts)
     finally:
         if show is not None:
