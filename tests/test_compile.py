@@ -569,12 +569,11 @@ print("ok", gp.converged, np.isfinite(gp.vlb), sm.score(X, y3) > 0.5, np.isfinit
 @pytest.mark.slow
 def test_fits_run_with_gpvis_compiler_options_on():
     """The suite's XLA flags already set the option (conftest.py), which turns gpvi's own off;
-    a child process with the user's flags fits with the options on (full GP with learned
-    hyperparameters, the default multiclass estimator, sfp)."""
-    from userenv import user_environment
-
-    env = user_environment()
-    env["XLA_FLAGS"] = " ".join(f for f in env["XLA_FLAGS"].split() if "fusion_emitters" not in f)
+    a child process without that flag fits with the options on (full GP with learned
+    hyperparameters, the default multiclass estimator, sfp).  It keeps the suite's other flags
+    (LLVM at optimisation level 0: 12 -> 8.5 s), which gpvi's options do not touch."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "fusion_emitters" not in f)
     out = subprocess.run([sys.executable, "-c", _DEFAULT_OPTIONS_FITS], capture_output=True, text=True,
                          timeout=300, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
