@@ -186,8 +186,8 @@ def main(argv=None):
     fig, ax = plt.subplots(figsize=(7, 3.5))
     width = 0.8 / len(versions)
     for i, v in enumerate(versions):
-        means = [sum(summary.get(t, {}).get(v, {}).get("compile_s", [0])) / max(1, len(summary.get(t, {}).get(v, {})
-                 .get("compile_s", [0]))) for t in tasks]
+        runs_s = [summary.get(t, {}).get(v, {}).get("compile_s") or [0.0] for t in tasks]  # (a failed task: 0)
+        means = [sum(c) / len(c) for c in runs_s]
         ax.bar([j + i * width for j in range(len(tasks))], means, width, label=v)
     ax.set_xticks([j + width * (len(versions) - 1) / 2 for j in range(len(tasks))], tasks, rotation=20)
     ax.set_ylabel("XLA compilation, s (mean)")
