@@ -387,6 +387,52 @@ def test_two_cycle_is_detected_counted_and_halves_the_step():
     assert guard.cycles == 1
 
 
+@pytest.mark.parametrize("Q", [None, 3])
+def test_gradient_engines_packed_vector_and_its_gradient(rng, Q):
+    # The gradient engine's L-BFGS-B vector (the means and the lower triangles of the factors,
+    # block after block): packing and unpacking are inverse, the unpacked state does not share
+    # memory with the vector (L-BFGS-B overwrites it in place), and the packed gradient is the
+    # VLB's, by central differences (truth independent of the closed form the engine uses).
+    from gpvi.engines import gradient as G
+    from gpvi.models import MultiLatent
+    from gpvi.objective import Objective
+
+    N, d = 30, 4
+    X = rng.uniform(-2, 2, (N, 1))
+    if Q is None:
+        model = gpvi.SparseGP(gpvi.kernels.RBF(lengthscale=0.8), L.Poisson(), inducing=np.linspace(-2, 2, d)[:, None])
+        y = rng.poisson(2.0, N).astype(float)
+        shape = (d,)
+    else:
+        model = MultiLatent.sparse([gpvi.kernels.RBF(lengthscale=0.8)] * Q, L.Softmax(num_classes=Q),
+                                   inducing=np.linspace(-2, 2, d)[:, None])
+        y = rng.integers(0, Q, N).astype(float)
+        shape = (Q, d)
+    mean = 0.3 * rng.standard_normal(shape)
+    chol = np.tril(0.2 * rng.standard_normal(shape[:-1] + (d, d)), -1) + np.eye(d) * rng.uniform(0.5, 1.0, shape)[..., None, :]
+    state = gpvi.State(mean, chol)
+    x = G._pack(state)
+    assert x.shape == ((Q or 1) * (d + d * (d + 1) // 2),)
+    # (on a 64-byte boundary, where jax.device_put may use a host array's memory without a copy)
+    buf = np.empty(x.size + 8)
+    start = (-buf.ctypes.data % 64) // 8
+    x, x_copy = buf[start:start + x.size], x
+    x[:] = x_copy
+    back = G._unpack(shape, x)
+    np.testing.assert_array_equal(np.asarray(back.mean), mean)
+    np.testing.assert_array_equal(np.asarray(back.chol), chol)
+    x[:] = np.nan  # what L-BFGS-B may do to its vector after handing it out
+    assert np.all(np.isfinite(np.asarray(back.mean))) and np.all(np.isfinite(np.asarray(back.chol)))
+
+    obj = Objective(model, X, y)
+    sums = obj.sums(back)
+    g = G._grad_vector(back, sums.grad, sums.S)
+    x0, h = G._pack(state), 1e-5
+    vlb = lambda v: float(obj.vlb(G._unpack(shape, v)))
+    fd = np.array([(vlb(x0 + h * e) - vlb(x0 - h * e)) / (2 * h) for e in np.eye(x0.size)])
+    np.testing.assert_allclose(g, fd, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("d", [1, 7, 65, 320, 321, 700])
 @pytest.mark.slow
 def test_tri_inv_is_the_inverse_of_a_lower_triangular_matrix(rng, d):

@@ -161,7 +161,13 @@ def test_fpi_finishes_an_ill_conditioned_posterior_with_lbfgs_rescues():
     start = State(m + 1e-3 * np.random.default_rng(1).standard_normal(m.shape), res.state.chol)
     grad = gpvi.fit(model, X, y, engine="gradient", init=start, max_iter=300)
     assert res.gap <= gap_threshold(res.vlb, 1e-6) == GAP_FRACTION * 1e-6 * abs(res.vlb)
-    assert abs(grad.vlb - res.vlb) <= 1e-6 * abs(res.vlb)
+    assert grad.vlb - res.vlb <= 1e-6 * abs(res.vlb)
+    # L-BFGS-B itself stalls on this bound (its relative-reduction test) wherever the rounding puts
+    # it: 1e-6 nats below fpi's optimum with single-threaded BLAS, 8e-5 nats below (5e-6 relative)
+    # when run alone with two BLAS threads.  It still climbs back from the perturbed start, which
+    # is 74 nats below.
+    assert res.vlb - grad.vlb <= 1e-5 * abs(res.vlb)
+    assert res.vlb - float(Objective(model, X, y).sums(start).vlb) > 10.0
     # With too small a budget the fit ends unconverged, and the message says why and what helps.
     short = gpvi.fit(model, X, y, max_iter=300)
     assert not short.converged
