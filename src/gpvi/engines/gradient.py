@@ -75,7 +75,8 @@ def _grad_factor(state, S):
     """``∂VLB/∂C`` on and below the diagonal: ``S C − C + diag(1/C_jj)`` (its upper triangle is
     not used: :func:`_grad_vector` keeps the lower one)."""
     C = state.chol
-    return S @ C - C + jnp.eye(C.shape[-1], dtype=C.dtype) / jnp.diagonal(C, axis1=-2, axis2=-1)[..., None, :]
+    diag = jnp.eye(C.shape[-1], dtype=bool)
+    return S @ C - C + jnp.where(diag, 1.0 / jnp.diagonal(C, axis1=-2, axis2=-1)[..., None, :], 0.0)
 
 
 def _grad_vector(state, grad_m, S) -> np.ndarray:
