@@ -41,32 +41,26 @@ def _tril(d):
     return i, j
 
 
-def _blocks(shape):
-    """``(Q, d)`` of a mean's shape; ``Q = 0`` for a single latent (no block axis)."""
-    return (shape[0], shape[1]) if len(shape) == 2 else (0, shape[0])
-
-
 def _unpack(shape, x) -> State:
-    """The state whose mean and lower-triangular factor are packed in the host vector ``x``."""
-    Q, d = _blocks(shape)
+    """The state whose mean (of shape ``shape``) and lower-triangular factor are packed in the
+    host vector ``x``."""
+    d = shape[-1]
     i, j = _tril(d)
-    xs = np.asarray(x, dtype=np.float64).reshape(max(Q, 1), -1)
+    xs = np.asarray(x, dtype=np.float64).reshape(-1, d + len(i))
     C = np.zeros((len(xs), d, d))
     C[:, i, j] = xs[:, d:]
     # a copy, not a view of x: a device array on the CPU may share a host array's memory, and
     # L-BFGS-B overwrites its vector in place after the callback
     mean = xs[:, :d].copy()
-    if Q == 0:
-        mean, C = mean[0], C[0]
-    return State(as_device_array(mean), as_device_array(C))
+    return State(as_device_array(mean.reshape(shape)), as_device_array(C.reshape(tuple(shape) + (d,))))
 
 
 def _pack(state) -> np.ndarray:
     """The host vector of a state's means and the lower triangles of its factors, block by block."""
-    Q, d = _blocks(state.mean.shape)
+    d = state.mean.shape[-1]
     i, j = _tril(d)
-    mean = np.asarray(state.mean).reshape(max(Q, 1), d)
-    C = np.asarray(state.chol).reshape(max(Q, 1), d, d)
+    mean = np.asarray(state.mean).reshape(-1, d)
+    C = np.asarray(state.chol).reshape(-1, d, d)
     return np.concatenate([mean, C[:, i, j]], axis=1).reshape(-1)
 
 
@@ -81,10 +75,7 @@ def _grad_factor(state, S):
 
 def _grad_vector(state, grad_m, S) -> np.ndarray:
     """The host vector of the VLB's gradient in the packed layout of :func:`_pack`."""
-    Q, d = _blocks(state.mean.shape)
-    i, j = _tril(d)
-    gC = np.asarray(_grad_factor(state, S)).reshape(max(Q, 1), d, d)
-    return np.concatenate([np.asarray(grad_m).reshape(max(Q, 1), d), gC[:, i, j]], axis=1).reshape(-1)
+    return _pack(State(grad_m, _grad_factor(state, S)))
 
 
 def run(objective: Objective, state: State, *, tol: float = 1e-6, tol_nats: float | None = None,
