@@ -11,6 +11,7 @@ import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,15 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 __all__ = ["RESULTS_DIR", "results_dir", "median_seconds", "median", "peak_rss_mb", "current_rss_mb", "print_table",
            "write_json", "verdict", "environment", "pyplot", "fmt", "smooth_latent", "load_average",
            "warn_if_busy", "OtherLoad"]
+
+
+def source_tree(revision: str, into: Path) -> Path:
+    """The ``src`` tree of git ``revision`` of this repository, extracted under ``into`` (``git
+    archive | tar -x``); returns ``into / "src"``, the directory to put on a child's PYTHONPATH."""
+    root = Path(__file__).resolve().parents[1]
+    arch = subprocess.run(["git", "-C", str(root), "archive", revision, "src"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=arch.stdout, check=True)
+    return Path(into) / "src"
 
 
 def results_dir(path=None) -> Path:

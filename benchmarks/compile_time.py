@@ -138,7 +138,7 @@ def main(argv=None):
     if a.child:
         print(json.dumps(child(a.child)))
         return 0
-    from _common import environment, print_table, pyplot, results_dir, write_json
+    from _common import environment, print_table, pyplot, results_dir, source_tree, write_json
 
     tasks = ["iris", "diabetes"] if a.quick else a.tasks.split(",")
     repeats = 1 if a.quick else a.repeats
@@ -146,9 +146,7 @@ def main(argv=None):
     work = Path(tempfile.mkdtemp(prefix="gpvi-compile-time-src-"))
     try:
         if a.baseline:
-            arch = subprocess.run(["git", "-C", str(ROOT), "archive", a.baseline, "src"], capture_output=True, check=True)
-            subprocess.run(["tar", "-x", "-C", str(work)], input=arch.stdout, check=True)
-            versions = {"baseline": work / "src", **versions}
+            versions = {"baseline": source_tree(a.baseline, work), **versions}
         runs = []
         for r in range(repeats):
             order = list(versions) if r % 2 == 0 else list(versions)[::-1]

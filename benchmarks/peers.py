@@ -261,7 +261,7 @@ def main(argv=None):
                           "usps-per-class": lambda: child_usps(per_class=True)}[a.child]()))
         return 0
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from _common import environment, load_average, print_table, pyplot, results_dir, write_json
+    from _common import environment, load_average, print_table, pyplot, results_dir, source_tree, write_json
 
     tasks = [t.strip() for t in a.tasks.split(",") if t.strip()]
     bad = sorted(set(tasks) - set(TASKS))
@@ -272,9 +272,7 @@ def main(argv=None):
     if a.baseline:
         base = work / "baseline"
         base.mkdir()
-        arch = subprocess.run(["git", "-C", str(ROOT), "archive", a.baseline, "src"], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(base)], input=arch.stdout, check=True)
-        versions = {"baseline": base / "src", **versions}
+        versions = {"baseline": source_tree(a.baseline, base), **versions}
     runs = []
     try:
         for task in tasks:
