@@ -369,6 +369,72 @@ def test_damped_covariance_steps_of_coupled_latents_share_the_joint_steps_progra
                                    rtol=1e-11, atol=1e-12)
 
 
+
+@pytest.mark.parametrize("Q", [None, 2])
+def test_damped_steps_from_a_known_precision_match_dense_algebra(rng, Q):
+    """``state_S`` is ``I − V⁻¹`` (dense inverse); along a chain of accepted steps — a full
+    covariance step, a mean-only step, two damped covariance steps — the ascent's known
+    ``S_state`` of each new factor is ``state_S`` of that factor, no triangular inverse is taken
+    after the first state, and each damped step is the dense ``V' = ((1−α)V⁻¹ + αH)⁻¹``."""
+    import jax.numpy as jnp
+    from gpvi.engines import _common
+    from gpvi.engines._common import SafeguardedAscent, precision_chol, state_S
+
+    d, blocks = 6, 1 if Q is None else Q
+    S_all, chols = _blocks_of_sums_and_factors(rng, blocks, d)
+    S_b = -0.5 * S_all[::-1]  # a second target
+    pick = (lambda x: x[0]) if Q is None else (lambda x: x)
+    S1, S2, C0 = pick(S_all), pick(S_b), pick(chols)
+    for q in range(blocks):
+        want = np.eye(d) - np.linalg.inv(chols[q] @ chols[q].T)
+        got = np.asarray(state_S(jnp.asarray(C0)))
+        np.testing.assert_allclose(got if Q is None else got[q], want, rtol=1e-11, atol=1e-12)
+
+    class Flat:  # every proposal has the same VLB: each is accepted
+        coupled = False
+
+        def sums(self, st):
+            return type("Sums", (), {"vlb": 0.0})()
+
+    guard = SafeguardedAscent(objective=Flat())
+    looked_up = []
+    real = _common.state_S
+
+    def counted(chol):
+        looked_up.append(chol)
+        return real(chol)
+
+    def take(state, S, alpha, update_mean, update_cov):
+        guard.target_S = jnp.asarray(S)
+        g = jnp.asarray(rng.standard_normal(np.shape(state.mean)))
+        sums = type("Sums", (), {"grad": g, "vlb": 0.0})()
+        return guard._try(state, sums, precision_chol(guard.target_S), alpha, update_mean, update_cov)[0]
+
+    def dense_V(chol):
+        c = np.asarray(chol).reshape(blocks, d, d)
+        return [cq @ cq.T for cq in c]
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(_common, "state_S", counted)
+    try:
+        state = gpvi.State(jnp.asarray(rng.standard_normal((blocks, d)) if Q else rng.standard_normal(d)),
+                           jnp.asarray(C0))
+        s1 = take(state, S1, 1.0, False, True)  # V = (I − S1)⁻¹: known without a lookup
+        s2 = take(s1, S2, 1.0, True, False)  # mean only: the factor object is kept
+        assert s2.chol is s1.chol
+        s3 = take(s2, S2, 0.5, False, True)
+        s4 = take(s3, S1, 0.25, False, True)
+    finally:
+        mp.undo()
+    assert looked_up == []  # every damped step found its state's S_state known
+    for prev, new, S, alpha in ((s2, s3, S2, 0.5), (s3, s4, S1, 0.25)):
+        Sb = np.asarray(S).reshape(blocks, d, d)
+        for q, (Vp, Vn) in enumerate(zip(dense_V(prev.chol), dense_V(new.chol))):
+            want = np.linalg.inv((1 - alpha) * np.linalg.inv(Vp) + alpha * (np.eye(d) - Sb[q]))
+            np.testing.assert_allclose(Vn, want, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(guard._known[1]), np.asarray(real(s4.chol)), rtol=1e-9, atol=1e-11)
+    assert guard._known[0] is s4.chol
+
 def test_two_cycle_is_detected_counted_and_halves_the_step():
     # The fixed-point map's iterate returning to where it was two steps ago while still
     # moving is a 2-cycle: counted, and the next step is half as long.
