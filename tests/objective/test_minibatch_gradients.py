@@ -121,15 +121,21 @@ def test_sfp_shared_learning_step_matches_the_two_steps(rng):
     proposal between its q step and its θ step; it must give what the two separate compiled
     steps give: the same proposal, the safeguard's bound there and Adam's new θ and moments."""
     from gpvi.engines import sfp
+    from gpvi.engines._common import state_S
     model, batch, state = _sparse_problem(rng)
     names = ["kernel.variance", "kernel.lengthscale", "likelihood.variance", "inducing"]
     theta = flatten_params(model, names)
     opt = sfp._ADAM
     ost = opt.init(theta)
-    (sums, RH, new, v_new, ok_H, finite), (th1, ost1, ok) = sfp._fused_learning_step(
-        theta, ost, model, batch, state, 3.0, 0.4, 0.01, 1, True, opt)
+    # the learning step is given the state's precision as I − S_state (as sfp.run carries it); the
+    # reference step is not, and takes the damped step from V's factor (triangular inverse)
+    (sums, RH, new, v_new, ok_H, finite, new_S), (th1, ost1, ok) = sfp._fused_learning_step(
+        theta, ost, model, batch, state, 3.0, 0.4, 0.01, 1, True, opt, state_S(state.chol))
     mdl = unflatten_params(model, theta)
     ref = sfp._fused_step(mdl, mdl.prior_cache(None), batch, state, 3.0, 0.4, 1, True)
+    assert ref[6] is None
+    # the proposal's own S_state is that of its factor
+    np.testing.assert_allclose(np.asarray(new_S), np.asarray(state_S(new.chol)), rtol=1e-8, atol=1e-10)
     th2, ost2, ok2 = sfp._hyper_step(theta, ost, model, batch, ref[2], 3.0, 0.01, opt, 1)
     np.testing.assert_allclose(np.asarray(new.mean), np.asarray(ref[2].mean), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(np.asarray(new.chol), np.asarray(ref[2].chol), rtol=1e-10, atol=1e-12)

@@ -46,7 +46,7 @@ from gpvi.objective.minibatch import raw_expected_log_prob, raw_sums
 from gpvi.engines.registry import Engine
 from gpvi.data.stream import StreamObjective
 from gpvi._linalg import tri_inv
-from gpvi.engines._common import natural_step, precision_chol
+from gpvi.engines._common import _damped_S, natural_step, precision_chol, state_S
 from gpvi.engines._stochastic import (DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive,
                                       paper_step_size, setup, step_limit)
 from gpvi._compile import jit
@@ -163,24 +163,27 @@ def _batch_bound(model, prior, batch, state, scale, blocks):
 
 
 @partial(jit, static_argnames=("blocks", "safeguard"))
-def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pcache=None, proj=None):
+def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pcache=None, proj=None, S_state=None):
     """The usual step in one compiled call (one host round trip): the scaled sums at ``state``,
     the factor of ``I − Ŝ``, the proposal at ``gamma`` and, with ``safeguard``, the batch's bound
     at the proposal; plus whether ``I − Ŝ`` was positive definite and the proposal finite.
     ``pcache`` (``model.pass_cache(prior)``, made here when None) is kept across steps while the
     hyperparameters are fixed: for a sparse GP it is ``L⁻¹``, whose triangular solve per step
     took a fifth of the step (M = 300, B = 4096).  ``proj``: the batch's projections, when the
-    caller has them."""
+    caller has them.  ``S_state``: the state's precision as ``V⁻¹ = I − S_state``
+    (:func:`~gpvi.engines._common.state_S`), which spares the damped step a triangular inverse and
+    a Gram product of ``V``'s factor; the proposal's own is returned last (``None`` without it)."""
     # a batch of one chunk shares its projections between both states (one kernel pass)
     if proj is None and batch.mask.shape[0] <= DEFAULT_CHUNK:
         proj = minibatch_projection(model, prior, batch, blocks, pcache)
     sums = minibatch_sums(model, prior, batch, state, scale, blocks, proj=proj)
     RH = precision_chol(sums.S)
-    new = natural_step(state, sums.grad, RH, gamma, S=sums.S)
+    new = natural_step(state, sums.grad, RH, gamma, S=sums.S, S_state=S_state)
     v_new = minibatch_vlb(model, batch, new, scale, blocks, proj=proj) if safeguard else jnp.zeros(())
     ok_H = jnp.all(jnp.isfinite(RH))
     finite = jnp.all(jnp.isfinite(new.mean)) & jnp.all(jnp.isfinite(new.chol))
-    return sums, RH, new, v_new, ok_H, finite
+    new_S = None if S_state is None else (1.0 - gamma) * S_state + gamma * sums.S
+    return sums, RH, new, v_new, ok_H, finite, new_S
 
 
 def _features(theta, base, X):
@@ -191,7 +194,8 @@ def _features(theta, base, X):
 
 
 @partial(jit, static_argnames=("blocks", "safeguard", "opt"))
-def _fused_learning_step(theta, opt_state, base, batch, state, scale, gamma, rate, blocks, safeguard, opt):
+def _fused_learning_step(theta, opt_state, base, batch, state, scale, gamma, rate, blocks, safeguard, opt,
+                         S_state=None):
     """:func:`_fused_step` at the hyperparameters ``theta`` and, at its proposal,
     :func:`_hyper_step`, in one compiled call (one host round trip instead of two).  The θ step
     is taken whether or not the safeguard accepts the proposal; the caller keeps it only with
@@ -205,12 +209,13 @@ def _fused_learning_step(theta, opt_state, base, batch, state, scale, gamma, rat
     safeguard's test and the θ step's objective (M = 512, B = 2048: 154 ms as two calls, 134–145 ms as one)."""
     mdl = unflatten_params(base, theta)
     if not (batch.mask.shape[0] <= DEFAULT_CHUNK and raw_sums(base, state, batch)):
-        step = _fused_step(mdl, mdl.prior_cache(None), batch, state, scale, gamma, blocks, safeguard)
+        step = _fused_step(mdl, mdl.prior_cache(None), batch, state, scale, gamma, blocks, safeguard,
+                           S_state=S_state)
         return step, _hyper_step(theta, opt_state, base, batch, step[2], scale, rate, opt, blocks)
     (prior, T, feats), pull = jax.vjp(lambda th: _features(th, base, batch.X), theta)
     At, b, c = mdl.project_raw(T, *feats)
-    sums, RH, new, _, ok_H, finite = _fused_step(mdl, prior, batch, state, scale, gamma, blocks, False, T,
-                                                 proj=(split_rows(At, blocks), b, c))
+    sums, RH, new, _, ok_H, finite, new_S = _fused_step(mdl, prior, batch, state, scale, gamma, blocks, False, T,
+                                                        proj=(split_rows(At, blocks), b, c), S_state=S_state)
 
     def neg_bound(th, T_, feats_):
         Tm, D = raw_moments(new, T_)
@@ -221,7 +226,7 @@ def _fused_learning_step(theta, opt_state, base, batch, state, scale, gamma, rat
     (g_pulled,) = pull((jnp.zeros_like(prior), g_T, g_feats))
     g = jax.tree_util.tree_map(jnp.add, g_direct, g_pulled)
     v_new = -nb if safeguard else jnp.zeros(())
-    return (sums, RH, new, v_new, ok_H, finite), _adam_update(theta, opt_state, g, rate, opt)
+    return (sums, RH, new, v_new, ok_H, finite, new_S), _adam_update(theta, opt_state, g, rate, opt)
 
 
 # The safeguard halves γ at most this many times per step before giving the step up.
@@ -285,6 +290,9 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
     box = {"state": state, "model": model, "theta": flatten_params(model, names) if names else None,
            "prior": None if names else _prior(model, None), "pcache": None, "clipped": 0, "gammas": [], "damp": 1.0,
            "backtracks": 0}
+    # V⁻¹ = I − S_state of the current state, carried from step to step (each step's mixture):
+    # the damped steps need no triangular inverse of V's factor (M = 512: ms a step)
+    box["S_state"] = state_S(state.chol)
     box["opt_state"] = opt.init(box["theta"]) if names else None
     if not names:  # fixed hyperparameters: the per-pass work (L⁻¹ of a sparse GP) once for the run
         box["pcache"] = _pass_cache(model, box["prior"])
@@ -298,18 +306,19 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
         if not isinstance(sched, AdaptiveSchedule):
             gamma = _gamma_value(sched(n), n) * box["damp"]
             if names:  # the θ step at the proposal rides along (kept only if the proposal is)
-                (sums, RH, new, v_new, ok_H, finite), hyper = _fused_learning_step(
+                (sums, RH, new, v_new, ok_H, finite, new_S), hyper = _fused_learning_step(
                     box["theta"], box["opt_state"], model, chunk, st, scale, gamma, hyper_rate_at(gamma), blocks,
-                    safeguard, opt)
+                    safeguard, opt, box["S_state"])
             else:
-                sums, RH, new, v_new, ok_H, finite = _fused_step(mdl, box["prior"], chunk, st, scale, gamma, blocks,
-                                                                safeguard, box["pcache"])
+                sums, RH, new, v_new, ok_H, finite, new_S = _fused_step(
+                    mdl, box["prior"], chunk, st, scale, gamma, blocks, safeguard, box["pcache"],
+                    S_state=box["S_state"])
                 hyper = None
             vlb, v_new, ok_H, finite = (float(x) for x in jax.device_get((sums.vlb, v_new, ok_H, finite)))
             if (ok_H and finite and np.isfinite(vlb)
                     and (not safeguard or (np.isfinite(v_new) and v_new >= vlb - 1e-10 * abs(vlb)))):
                 box["damp"] = min(1.0, 2.0 * box["damp"])
-                return accept(new, gamma, mdl, chunk, scale, sums, hyper)
+                return accept(new, new_S, gamma, mdl, chunk, scale, sums, hyper)
         # the slow path: adaptive γ, clipping, or a step the safeguard refused
         prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
         if isinstance(sched, AdaptiveSchedule):
@@ -328,7 +337,7 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
             return None
         gamma = gamma * box["damp"]
         for k in range(MAX_HALVINGS + 1):
-            new = natural_step(st, sums.grad, RH, gamma, S=S)
+            new = natural_step(st, sums.grad, RH, gamma, S=S, S_state=box["S_state"])
             finite = bool(jnp.all(jnp.isfinite(new.chol))) and bool(jnp.all(jnp.isfinite(new.mean)))
             if finite and not safeguard:
                 break
@@ -341,12 +350,12 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
         else:
             return None
         box["damp"] = min(1.0, 2.0 * box["damp"]) if k == 0 else box["damp"] * 0.5 ** k
-        return accept(new, gamma, mdl, chunk, scale, sums)
+        return accept(new, _damped_S(box["S_state"], S, gamma), gamma, mdl, chunk, scale, sums)
 
     def hyper_rate_at(gamma):
         return hyper_rate * (gamma if hyper_decay else 1.0)
 
-    def accept(new, gamma, mdl, chunk, scale, sums, hyper=None):
+    def accept(new, new_S, gamma, mdl, chunk, scale, sums, hyper=None):
         if names:
             theta, ost, ok = hyper if hyper is not None else _hyper_step(
                 box["theta"], box["opt_state"], mdl, chunk, new, scale, hyper_rate_at(gamma), opt, blocks)
@@ -354,7 +363,7 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
                 return None
             box["theta"], box["opt_state"] = theta, ost
             box["model"] = unflatten_params(model, theta)
-        box["state"] = new
+        box["state"], box["S_state"] = new, new_S
         box["gammas"].append(gamma)
         return sums.vlb
 
