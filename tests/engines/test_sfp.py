@@ -148,6 +148,30 @@ def test_expected_step_is_the_full_step_by_enumeration(rng):
     np.testing.assert_allclose(L_avg, L_full, atol=1e-10)
 
 
+@pytest.mark.parametrize("Q", [None, 2])
+def test_adaptive_rules_natural_gradient_matches_dense_algebra(rng, Q):
+    """The adaptive schedule's ``(ĥ − h, Λ̂ − Λ)`` from the state's ``S_state`` against dense
+    NumPy: ``Λ = (L Lᵀ)⁻¹``, ``Λ̂ = I − S``, ``h = Λ m``, ``ĥ = Λ̂ m + grad``, per latent block."""
+    from gpvi.engines._common import state_S
+
+    d, blocks = 5, 1 if Q is None else Q
+    chol = np.stack([np.tril(0.2 * rng.normal(size=(d, d))) + 0.9 * np.eye(d) for _ in range(blocks)])
+    B = rng.normal(size=(blocks, d, 2 * d))
+    S = -np.einsum("qij,qkj->qik", B, B) / d
+    m, g = rng.normal(size=(blocks, d)), rng.normal(size=(blocks, d))
+    pick = (lambda x: x[0]) if Q is None else (lambda x: x)
+    state = gpvi.State(jnp.asarray(pick(m)), jnp.asarray(pick(chol)))
+    got = np.asarray(sfp.natural_gradient(state, jnp.asarray(pick(g)), jnp.asarray(pick(S)), state_S(state.chol)))
+    dh, dLam = [], []
+    for q in range(blocks):
+        Lam = np.linalg.inv(chol[q] @ chol[q].T)
+        Lhat = np.eye(d) - S[q]
+        dh.append(Lhat @ m[q] + g[q] - Lam @ m[q])
+        dLam.append((Lhat - Lam).ravel())
+    np.testing.assert_allclose(got, np.concatenate([np.concatenate(dh), np.concatenate(dLam)]), rtol=1e-10,
+                               atol=1e-10)
+
+
 @pytest.mark.parametrize("schedule", [0.0, 1.5, -0.2, "fast", lambda t: 2.0, lambda t: 0.0, True])
 def test_schedule_outside_unit_interval_refused(rng, schedule):
     model, X, y = _problem(rng, N=60)

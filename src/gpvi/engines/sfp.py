@@ -111,14 +111,13 @@ def _gamma_value(gamma, t):
 
 
 @jit
-def natural_gradient(state: State, grad, S):
+def natural_gradient(state: State, grad, S, S_state):
     """``(ĥ − h, Λ̂ − Λ)`` flattened: the natural gradient of the adaptive rule, from the
-    (scaled) sums at ``state``; Λ = V⁻¹, Λ̂ = I − S, h = Λm, ĥ = Λ̂m + grad."""
-    Linv = tri_inv(state.chol)
-    Lam = Linv.T @ Linv
-    Lhat = jnp.eye(S.shape[0], dtype=S.dtype) - S
-    dh = Lhat @ state.mean + grad - Lam @ state.mean
-    return jnp.concatenate([dh, (Lhat - Lam).reshape(-1)])
+    (scaled) sums at ``state`` and its precision ``Λ = V⁻¹ = I − S_state``
+    (:func:`~gpvi.engines._common.state_S`); Λ̂ = I − S, h = Λm, ĥ = Λ̂m + grad, so
+    ``ĥ − h = grad + (S_state − S) m`` and ``Λ̂ − Λ = S_state − S``."""
+    D = S_state - S  # (d, d), or (Q, d, d) for Q latent blocks
+    return jnp.concatenate([(grad + jnp.einsum("...ij,...j->...i", D, state.mean)).reshape(-1), D.reshape(-1)])
 
 
 def natural_target(state: State, grad, S):
@@ -323,7 +322,7 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
         prior = box["prior"] if box["prior"] is not None else _prior(mdl, None)
         if isinstance(sched, AdaptiveSchedule):
             sums = minibatch_sums(mdl, prior, chunk, st, scale, blocks)
-            gamma = sched(natural_gradient(st, sums.grad, sums.S))
+            gamma = sched(natural_gradient(st, sums.grad, sums.S, box["S_state"]))
         else:
             gamma = _gamma_value(sched(n), n)
         S = sums.S
