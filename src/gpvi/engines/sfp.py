@@ -383,17 +383,23 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
 
 
 @jit
-def assumed_density_step(state: State, grad, S):
+def assumed_density_step(state: State, grad, S, S_state=None):
     """One online (assumed-density / streaming-VB) update of ``q`` by a batch whose *unscaled*
     sums at ``state`` are ``grad = Σ_b ρ_i a_i − m`` and ``S = Σ_b λ_i a_i a_iᵀ`` (γ clipped at 0):
     the current ``q`` plays the prior, so ``Λ' = V⁻¹ − S`` and ``h' = Λ' m + Σ_b ρ_i a_i``, i.e.
     ``m' = m + Λ'⁻¹ (grad + m)``.  For a Gaussian likelihood and fixed hyperparameters the
     result after all batches is the exact full-data posterior (Titsias' optimum), whatever the
-    batches; otherwise each batch is linearised at the ``q`` it found (Broderick et al. 2013)."""
+    batches; otherwise each batch is linearised at the ``q`` it found (Broderick et al. 2013).
+
+    ``S_state``: the state's precision as ``V⁻¹ = I − S_state``
+    (:func:`~gpvi.engines._common.state_S`, computed from ``state.chol`` when not given).  Then
+    ``Λ' = I − (S_state + S)``: the new state's own ``S_state`` is ``S_state + S``, which a caller
+    stepping through many batches carries instead of inverting each state's factor."""
     from gpvi.engines._common import flip, reversed_chol
 
-    Linv = tri_inv(state.chol)
-    R = reversed_chol(Linv.T @ Linv - S)
+    if S_state is None:
+        S_state = state_S(state.chol)
+    R = reversed_chol(jnp.eye(S.shape[-1], dtype=S.dtype) - (S_state + S))
     mean = state.mean + jax.scipy.linalg.cho_solve((R, True), (grad + state.mean)[::-1])[::-1]
     return State(mean, flip(tri_inv(R).T))
 

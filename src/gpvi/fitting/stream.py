@@ -11,6 +11,7 @@ import numpy as np
 
 from gpvi._module import unknown_parameters
 from gpvi import engines as _engines
+from gpvi.engines._common import state_S
 from gpvi.engines._stochastic import StreamError, check_model
 from gpvi.fitting.posterior import FitResult
 from gpvi.fitting.problem import check_init as _check_init, learned_names as _learned_names
@@ -207,16 +208,19 @@ def update(fit: FitResult, X, y, offset=None, *, batch_size: int = 4096) -> FitR
     if isinstance(model, MultiLatent):
         state = _update_blocks(model, state, X, y, off, B)
     else:
+        # V⁻¹ = I − S_state, carried from batch to batch (each step adds its S): one triangular
+        # inverse of the fit's factor, not one per batch
+        S_state = state_S(state.chol)
         for s in range(0, n, B):
             # fixed batch shape (padded, masked) so that one compiled program serves every batch
             idx = np.arange(s, s + B) % n
             mask = (np.arange(s, s + B) < n).astype(float)
             ch = Chunks(*jax.device_put((X[idx], y[idx], off[idx], mask)))  # (no staging programs)
             sums = minibatch_sums(model, fit.prior, ch, state, 1.0, blocks, clip_gamma=True)
-            new = assumed_density_step(state, sums.grad, sums.S)
+            new = assumed_density_step(state, sums.grad, sums.S, S_state)
             if not (np.all(np.isfinite(np.asarray(new.mean))) and np.all(np.isfinite(np.asarray(new.chol)))):
                 raise ValueError(f"the online update by rows {s}..{min(s + B, n) - 1} gave a non-finite posterior")
-            state = new
+            state, S_state = new, S_state + sums.S
     extras = dict(fit.extras)
     extras["rows_seen"] = extras.get("rows_seen", 0) + n
     import dataclasses
@@ -234,15 +238,16 @@ def _update_blocks(model, state: State, X, y, off, B: int) -> State:
     from gpvi.engines.sfp import assumed_density_step
 
     n = X.shape[0]
+    S_state = state_S(state.chol if state.mean.ndim == 2 else state.chol[None])  # (Q, d, d), carried
     for s in range(0, n, B):
         sl = slice(s, min(s + B, n))
         sums = Objective(model, X[sl], y[sl], off[sl]).sums(state, clip_gamma=True)
         grad, S = (sums.grad, sums.S) if sums.grad.ndim == 2 else (sums.grad[None], sums.S[None])
         stacked = state if state.mean.ndim == 2 else State(state.mean[None], state.chol[None])
-        new = map_latents(assumed_density_step, stacked, grad, S)
+        new = map_latents(assumed_density_step, stacked, grad, S, S_state)
         if state.mean.ndim == 1:
             new = State(new.mean[0], new.chol[0])
         if not (np.all(np.isfinite(np.asarray(new.mean))) and np.all(np.isfinite(np.asarray(new.chol)))):
             raise ValueError(f"the online update by rows {s}..{sl.stop - 1} gave a non-finite posterior")
-        state = new
+        state, S_state = new, S_state + S
     return state
