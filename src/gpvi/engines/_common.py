@@ -536,8 +536,9 @@ def is_finite(x) -> bool:
 def state_distance(a: State, b: State) -> float:
     """A cheap distance between states (means and covariance factors); in NumPy, since an
     O(d²) reduction is not worth an XLA compilation per problem size."""
+    same_chol = a.chol is b.chol  # a mean-only step keeps the factor object (SafeguardedAscent._try)
     return float(np.linalg.norm(np.asarray(a.mean) - np.asarray(b.mean))
-                 + np.linalg.norm(np.asarray(a.chol) - np.asarray(b.chol)))
+                 + (0.0 if same_chol else np.linalg.norm(np.asarray(a.chol) - np.asarray(b.chol))))
 
 
 # Halvings of a covariance-only step towards a clipped target (γ clipped at 0) before that step is
@@ -666,17 +667,19 @@ class SafeguardedAscent:
             damped = bool(update_cov and alpha < 1.0)
             prop = natural_step(state, sums.grad, RH, alpha, update_mean, update_cov, d, inverse, self.target_S,
                                 self._state_S(state) if damped else self.target_S)
+        if not update_cov:
+            # the same values, as the same object: its S_state stays known, and it is not checked
+            # or compared again (is_finite, state_distance: O(d²) NumPy passes)
+            prop = State(prop.mean, state.chol)
         new = self.objective.sums(prop)
         v = float(new.vlb)
         slack = 1e-13 * max(1.0, abs(float(sums.vlb)))
-        ok = np.isfinite(v) and v >= float(sums.vlb) - slack and is_finite(prop.chol)
+        ok = np.isfinite(v) and v >= float(sums.vlb) - slack and (not update_cov or is_finite(prop.chol))
         if not ok:
             return None
-        if not update_cov:
-            prop = State(prop.mean, state.chol)  # the same values: the factor's S_state stays known
-        elif alpha >= 1.0:
+        if update_cov and alpha >= 1.0:
             self._known = (prop.chol, self.target_S)  # V' = (I − S)⁻¹
-        elif self._known is not None and self._known[0] is state.chol:
+        elif update_cov and self._known is not None and self._known[0] is state.chol:
             self._known = (prop.chol, _damped_S(self._known[1], self.target_S, alpha))
         return prop, new
 
