@@ -551,7 +551,7 @@ HOLD_STEPS = 1
 
 
 @jit
-def _damped_S(S_state, S, alpha):
+def damped_S(S_state, S, alpha):
     """``S_state`` after a damped covariance step of size ``alpha`` towards ``I − S``."""
     return (1.0 - alpha) * S_state + alpha * S
 
@@ -680,7 +680,7 @@ class SafeguardedAscent:
         if update_cov and alpha >= 1.0:
             self._known = (prop.chol, self.target_S)  # V' = (I − S)⁻¹
         elif update_cov and self._known is not None and self._known[0] is state.chol:
-            self._known = (prop.chol, _damped_S(self._known[1], self.target_S, alpha))
+            self._known = (prop.chol, damped_S(self._known[1], self.target_S, alpha))
         return prop, new
 
     def _halving(self, state, sums, update_mean, update_cov, alpha, stop_below=None):

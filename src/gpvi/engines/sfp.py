@@ -46,7 +46,7 @@ from gpvi.objective.minibatch import raw_expected_log_prob, raw_sums
 from gpvi.engines.registry import Engine
 from gpvi.data.stream import StreamObjective
 from gpvi._linalg import tri_inv
-from gpvi.engines._common import _damped_S, natural_step, precision_chol, state_S
+from gpvi.engines._common import damped_S, natural_step, precision_chol, state_S
 from gpvi.engines._stochastic import (DEFAULT_BATCH, EpochClock, check_positive_float, check_positive_int, drive,
                                       paper_step_size, setup, step_limit)
 from gpvi._compile import jit
@@ -349,7 +349,7 @@ def run(objective: Objective | StreamObjective, state: State, *, tol: float = 1e
         else:
             return None
         box["damp"] = min(1.0, 2.0 * box["damp"]) if k == 0 else box["damp"] * 0.5 ** k
-        return accept(new, _damped_S(box["S_state"], S, gamma), gamma, mdl, chunk, scale, sums)
+        return accept(new, damped_S(box["S_state"], S, gamma), gamma, mdl, chunk, scale, sums)
 
     def hyper_rate_at(gamma):
         return hyper_rate * (gamma if hyper_decay else 1.0)
