@@ -181,7 +181,7 @@ def _fused_step(model, prior, batch, state, scale, gamma, blocks, safeguard, pca
     v_new = minibatch_vlb(model, batch, new, scale, blocks, proj=proj) if safeguard else jnp.zeros(())
     ok_H = jnp.all(jnp.isfinite(RH))
     finite = jnp.all(jnp.isfinite(new.mean)) & jnp.all(jnp.isfinite(new.chol))
-    new_S = None if S_state is None else (1.0 - gamma) * S_state + gamma * sums.S
+    new_S = None if S_state is None else damped_S(S_state, sums.S, gamma)
     return sums, RH, new, v_new, ok_H, finite, new_S
 
 
